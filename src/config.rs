@@ -1,0 +1,466 @@
+//! The YAML configuration: the fleet, the scoring weights, timeouts and limits.
+//!
+//! One file serves both Pingora and corral: `corral -c conf/corral.yaml` hands the same file
+//! to Pingora's own `ServerConf` (threads, grace periods, pid file...), and corral reads the
+//! rest. corral rejects keys it does not know, so a typo fails at start with the key's name
+//! instead of being silently ignored.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything corral reads from its configuration file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the Ollama-compatible proxy listens on.
+    pub listen: String,
+    /// Address of the Prometheus scrape endpoint; none disables it.
+    pub metrics_listen: Option<String>,
+    /// Address of the admin API; none disables it. Loopback by default.
+    pub admin_listen: Option<String>,
+    /// The Ollama (or OpenAI-compatible) servers behind corral.
+    pub nodes: Vec<NodeConfig>,
+    pub weights: Weights,
+    pub timeouts: Timeouts,
+    pub limits: Limits,
+    pub health: HealthConfig,
+    pub poll: PollConfig,
+    pub affinity: AffinityConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "0.0.0.0:11435".into(),
+            metrics_listen: Some("127.0.0.1:9435".into()),
+            admin_listen: Some("127.0.0.1:9436".into()),
+            nodes: Vec::new(),
+            weights: Weights::default(),
+            timeouts: Timeouts::default(),
+            limits: Limits::default(),
+            health: HealthConfig::default(),
+            poll: PollConfig::default(),
+            affinity: AffinityConfig::default(),
+        }
+    }
+}
+
+/// One server of the fleet.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Name reported in `X-Fleet-Node`, metrics and logs.
+    pub name: String,
+    /// Base URL, e.g. `http://192.168.1.10:11434`.
+    pub url: String,
+    /// Memory available for models (VRAM, or unified memory). Unknown: models are assumed
+    /// to fit and memory fit scores neutral.
+    pub memory_gb: Option<f64>,
+    /// Request classes this node is meant for: model names (`llama3:70b`), endpoint classes
+    /// (`chat`, `generate`, `embed`) or size classes (`small`, `medium`, `large`).
+    #[serde(default)]
+    pub roles: Vec<String>,
+    /// The node's `OLLAMA_NUM_PARALLEL`: how many conversations it keeps warm per model.
+    #[serde(default = "default_num_parallel")]
+    pub num_parallel: usize,
+}
+
+fn default_num_parallel() -> usize {
+    // Ollama's default when memory allows (it picks 4 or 1 automatically).
+    4
+}
+
+/// Scoring weights. The first three and `session_affinity` are the published defaults that
+/// the worked example in the README depends on.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Weights {
+    /// Bonus when the model is resident on the node.
+    pub model_loaded: f64,
+    /// Maximum bonus for memory fit.
+    pub memory_fit: f64,
+    /// Penalty per request running or waiting for the model on the node.
+    pub queue_depth: f64,
+    /// Maximum penalty for a node slower than the fleet's best for the model.
+    pub latency: f64,
+    /// Bonus when one of the node's roles matches the request.
+    pub role_affinity: f64,
+    /// Bonus scaled by the node's recent success ratio.
+    pub availability: f64,
+    /// Maximum bonus when the prompt fits the loaded context comfortably; the same amount
+    /// twice over is the penalty for an overflow or a forced reload.
+    pub context_fit: f64,
+    /// Bonus for the node holding the conversation's warm prefix, divided by `1 + depth/2`.
+    pub session_affinity: f64,
+    /// Penalty for a node where a new conversation would displace another warm one.
+    pub slot_displacement: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            model_loaded: 50.0,
+            memory_fit: 20.0,
+            queue_depth: 6.0,
+            latency: 15.0,
+            role_affinity: 10.0,
+            availability: 10.0,
+            context_fit: 5.0,
+            session_affinity: 20.0,
+            slot_displacement: 4.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Timeouts {
+    /// TCP connect to a node; past it the next-best node is tried.
+    #[serde(with = "humantime_serde")]
+    pub connect: Duration,
+    /// From sending the request to the reply's first byte. Must cover a cold model load
+    /// plus the prefill of the longest prompt.
+    #[serde(with = "humantime_serde")]
+    pub first_byte: Duration,
+    /// Longest silence allowed between two chunks of a reply.
+    #[serde(with = "humantime_serde")]
+    pub idle: Duration,
+    /// Time allowed to receive a client's whole request body.
+    #[serde(with = "humantime_serde")]
+    pub body_read: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(2),
+            first_byte: Duration::from_secs(600),
+            idle: Duration::from_secs(120),
+            body_read: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body accepted (413 past it).
+    pub max_body_bytes: usize,
+    /// How many other nodes to try when a node refuses the connection.
+    pub max_retries: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 64 * 1024 * 1024,
+            max_retries: 2,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// How often Pingora's active health check probes `GET /` on every node.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Consecutive failures that mark a node down, and successes that bring it back.
+    pub consecutive_failures: usize,
+    pub consecutive_successes: usize,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            interval: Duration::from_secs(5),
+            consecutive_failures: 1,
+            consecutive_successes: 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PollConfig {
+    /// How often each node's `/api/ps` and `/api/tags` are read.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for PollConfig {
+    fn default() -> Self {
+        PollConfig {
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AffinityConfig {
+    /// Most prefixes remembered; the least recently used are forgotten first.
+    pub capacity: usize,
+    /// How long a prefix stays warm after its last use: Ollama's `keep_alive`.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        AffinityConfig {
+            capacity: 1_000_000,
+            ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A node's URL, resolved once at start.
+#[derive(Clone, Debug)]
+pub struct NodeAddress {
+    pub addr: SocketAddr,
+    pub tls: bool,
+    /// Host name for the `Host` header and TLS SNI.
+    pub host: String,
+}
+
+impl Config {
+    /// Reads and validates a configuration file. Keys that belong to Pingora's own
+    /// `ServerConf` are left to Pingora.
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        Config::from_yaml(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    pub fn from_yaml(text: &str) -> Result<Config, String> {
+        let mut doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        if doc.is_null() {
+            doc = serde_yaml::Value::Mapping(Default::default());
+        }
+        let serde_yaml::Value::Mapping(map) = &mut doc else {
+            return Err("the top level must be a mapping of keys".into());
+        };
+        for key in pingora_keys() {
+            map.remove(key.as_str());
+        }
+        let config: Config = serde_yaml::from_value(doc).map_err(|e| e.to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: values that parse but make no sense.
+    pub fn validate(&self) -> Result<(), String> {
+        parse_listen("listen", &self.listen)?;
+        if let Some(a) = &self.metrics_listen {
+            parse_listen("metrics_listen", a)?;
+        }
+        if let Some(a) = &self.admin_listen {
+            parse_listen("admin_listen", a)?;
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let at = format!("nodes[{i}]");
+            if node.name.trim().is_empty() {
+                return Err(format!("{at}.name: must not be empty"));
+            }
+            if !names.insert(node.name.as_str()) {
+                return Err(format!("{at}.name: '{}' is used twice", node.name));
+            }
+            node.address().map_err(|e| format!("{at}.url: {e}"))?;
+            if let Some(gb) = node.memory_gb
+                && !(gb.is_finite() && gb > 0.0)
+            {
+                return Err(format!("{at}.memory_gb: must be a positive number"));
+            }
+            if node.num_parallel == 0 {
+                return Err(format!("{at}.num_parallel: must be at least 1"));
+            }
+        }
+        let w = &self.weights;
+        for (key, value) in [
+            ("model_loaded", w.model_loaded),
+            ("memory_fit", w.memory_fit),
+            ("queue_depth", w.queue_depth),
+            ("latency", w.latency),
+            ("role_affinity", w.role_affinity),
+            ("availability", w.availability),
+            ("context_fit", w.context_fit),
+            ("session_affinity", w.session_affinity),
+            ("slot_displacement", w.slot_displacement),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(format!(
+                    "weights.{key}: must be a non-negative number (penalties are subtracted)"
+                ));
+            }
+        }
+        let t = &self.timeouts;
+        for (key, value) in [
+            ("connect", t.connect),
+            ("first_byte", t.first_byte),
+            ("idle", t.idle),
+            ("body_read", t.body_read),
+        ] {
+            if value.is_zero() {
+                return Err(format!("timeouts.{key}: must be longer than zero"));
+            }
+        }
+        if self.limits.max_body_bytes == 0 {
+            return Err("limits.max_body_bytes: must be at least 1".into());
+        }
+        if self.health.interval.is_zero() || self.poll.interval.is_zero() {
+            return Err("health.interval and poll.interval: must be longer than zero".into());
+        }
+        if self.affinity.capacity == 0 {
+            return Err("affinity.capacity: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+impl NodeConfig {
+    pub fn new(name: &str, url: &str) -> NodeConfig {
+        NodeConfig {
+            name: name.into(),
+            url: url.into(),
+            memory_gb: None,
+            roles: Vec::new(),
+            num_parallel: default_num_parallel(),
+        }
+    }
+
+    /// Parses and resolves the node's URL.
+    pub fn address(&self) -> Result<NodeAddress, String> {
+        let uri: http::Uri = self
+            .url
+            .parse()
+            .map_err(|e| format!("'{}' is not a URL: {e}", self.url))?;
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(format!("'{}' must start with http:// or https://", self.url)),
+        };
+        if !matches!(uri.path(), "" | "/") {
+            return Err(format!(
+                "'{}' must not have a path: nodes are addressed at their root",
+                self.url
+            ));
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("'{}' has no host", self.url))?
+            .trim_matches(|c| c == '[' || c == ']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let addr = (host.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve '{host}': {e}"))?
+            .next()
+            .ok_or_else(|| format!("'{host}' resolves to no address"))?;
+        Ok(NodeAddress { addr, tls, host })
+    }
+
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.memory_gb.map(|gb| (gb * 1e9) as u64)
+    }
+}
+
+fn parse_listen(key: &str, value: &str) -> Result<SocketAddr, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{key}: '{value}' is not an address like 127.0.0.1:11435"))
+}
+
+/// The top-level keys of Pingora's `ServerConf`, read from its serialized default so that
+/// the list follows Pingora's version.
+fn pingora_keys() -> Vec<String> {
+    let conf = pingora_core::server::configuration::ServerConf::default();
+    match serde_yaml::to_value(conf) {
+        Ok(serde_yaml::Value::Mapping(map)) => map
+            .keys()
+            .filter_map(|k| k.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = Config::from_yaml("").expect("defaults are valid");
+        assert_eq!(c.listen, "0.0.0.0:11435");
+        assert_eq!(c.weights, Weights::default());
+        assert_eq!(c.limits.max_body_bytes, 64 * 1024 * 1024);
+    }
+
+    #[test]
+    fn pingora_keys_pass_through() {
+        let c = Config::from_yaml("version: 1\nthreads: 2\ngrace_period_seconds: 5\nlisten: 127.0.0.1:1\n")
+            .expect("pingora keys are accepted");
+        assert_eq!(c.listen, "127.0.0.1:1");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_yaml("listne: 1.2.3.4:5").unwrap_err();
+        assert!(err.contains("listne"), "{err}");
+        let err = Config::from_yaml("weights:\n  model_loded: 3\n").unwrap_err();
+        assert!(err.contains("model_loded"), "{err}");
+    }
+
+    #[test]
+    fn bad_node_is_named() {
+        let err = Config::from_yaml("nodes:\n  - name: a\n    url: ftp://x:1\n").unwrap_err();
+        assert!(err.contains("nodes[0].url"), "{err}");
+        let err = Config::from_yaml("nodes:\n  - name: a\n").unwrap_err();
+        assert!(err.contains("url"), "{err}");
+        let err = Config::from_yaml(
+            "nodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\n  - {name: a, url: 'http://127.0.0.1:2'}\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("nodes[1].name"), "{err}");
+        let err =
+            Config::from_yaml("nodes:\n  - {name: a, url: 'http://127.0.0.1:1', num_parallel: 0}\n")
+                .unwrap_err();
+        assert!(err.contains("num_parallel"), "{err}");
+    }
+
+    #[test]
+    fn durations_are_human() {
+        let c = Config::from_yaml("timeouts:\n  connect: 250ms\n  first_byte: 10m\n").unwrap();
+        assert_eq!(c.timeouts.connect, Duration::from_millis(250));
+        assert_eq!(c.timeouts.first_byte, Duration::from_secs(600));
+        let err = Config::from_yaml("timeouts:\n  idle: 0s\n").unwrap_err();
+        assert!(err.contains("timeouts.idle"), "{err}");
+    }
+
+    #[test]
+    fn node_address_resolves() {
+        let n = NodeConfig::new("a", "http://127.0.0.1:11434");
+        let a = n.address().unwrap();
+        assert_eq!(a.addr.port(), 11434);
+        assert!(!a.tls);
+        assert!(NodeConfig::new("a", "http://127.0.0.1:1/api").address().is_err());
+    }
+}
+
+#[cfg(test)]
+mod shipped {
+    #[test]
+    fn shipped_example_is_valid() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/corral.yaml");
+        let c = super::Config::load(&path).expect("conf/corral.yaml is valid");
+        assert_eq!(c.nodes.len(), 3);
+        assert_eq!(c.weights, super::Weights::default());
+    }
+}

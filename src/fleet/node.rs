@@ -1,0 +1,197 @@
+//! One node of the fleet and what corral knows about it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use pingora_load_balancing::Backend;
+
+use crate::config::{NodeAddress, NodeConfig};
+
+/// What the poller last read from the node's `/api/tags` and `/api/ps`.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    /// When the reply this inventory comes from was requested; `None` until the first
+    /// successful poll, when nothing is known about the node's models yet.
+    pub polled_at: Option<Instant>,
+    /// Models on disk, by normalized name, with their size in bytes.
+    pub on_disk: HashMap<String, u64>,
+    /// Models loaded in memory, by normalized name.
+    pub resident: HashMap<String, Resident>,
+    /// The entries of `/api/tags` and `/api/ps` as the node sent them, for corral's own
+    /// `/api/tags` and `/api/ps`, which merge the fleet's.
+    pub tags_entries: Vec<serde_json::Value>,
+    pub ps_entries: Vec<serde_json::Value>,
+    /// What `/api/version` said.
+    pub version: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resident {
+    /// Bytes the loaded model takes (weights, KV cache, graph).
+    pub size: u64,
+    /// The loaded context length, where the node reports it (recent Ollama versions).
+    pub context_length: Option<u32>,
+    /// When Ollama will unload it, as it reported (RFC 3339).
+    pub expires_at: Option<String>,
+}
+
+/// A moving average that starts at its first sample.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ewma {
+    value: Option<f64>,
+}
+
+impl Ewma {
+    /// Weight of a new sample: about the last ten samples matter.
+    const ALPHA: f64 = 0.2;
+
+    pub fn record(&mut self, sample: f64) {
+        if !sample.is_finite() {
+            return;
+        }
+        self.value = Some(match self.value {
+            Some(v) => v + Self::ALPHA * (sample - v),
+            None => sample,
+        });
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        self.value
+    }
+}
+
+/// One of a model's parallel slots on a node, as the router believes it is filled.
+#[derive(Clone, Debug, Default)]
+pub struct Slot {
+    /// The conversation line whose prefix the slot holds; 0 when empty.
+    pub lineage: u64,
+    /// How many boundaries of that conversation the slot holds.
+    pub depth: usize,
+    pub last_used: Option<Instant>,
+    /// Requests using the slot now.
+    pub busy: u32,
+}
+
+/// The router's own view of one model on one node.
+#[derive(Clone, Debug, Default)]
+pub struct ModelState {
+    /// Requests sent to this node for this model and not finished: running or queued.
+    pub in_flight: u32,
+    pub slots: Vec<Slot>,
+    /// Time to the reply's first byte, in milliseconds.
+    pub ttfb_ms: Ewma,
+    /// Prompt tokens evaluated per second, from Ollama's final chunk.
+    pub prefill_tps: Ewma,
+    /// Tokens generated per second, from Ollama's final chunk.
+    pub decode_tps: Ewma,
+    /// When a reply for this model last succeeded here: the model was resident then, even
+    /// if the last poll has not seen it yet.
+    pub last_success: Option<Instant>,
+}
+
+/// A node: its configuration, its health handle, and the state corral keeps for it.
+pub struct Node {
+    pub index: usize,
+    pub config: NodeConfig,
+    pub address: NodeAddress,
+    /// Its identity in Pingora's health checks.
+    pub backend: Backend,
+    pub inventory: ArcSwap<Inventory>,
+    pub models: Mutex<HashMap<String, ModelState>>,
+    /// Recent ratio of replies that were not failures (1.0 = all good).
+    pub success: Mutex<Ewma>,
+}
+
+impl Node {
+    pub fn new(index: usize, config: NodeConfig) -> Result<Node, String> {
+        let address = config.address()?;
+        let backend = Backend::new(&address.addr.to_string()).map_err(|e| e.to_string())?;
+        Ok(Node {
+            index,
+            config,
+            address,
+            backend,
+            inventory: ArcSwap::from_pointee(Inventory::default()),
+            models: Mutex::new(HashMap::new()),
+            success: Mutex::new(Ewma::default()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn inventory(&self) -> Arc<Inventory> {
+        self.inventory.load_full()
+    }
+
+    pub fn success_ratio(&self) -> f64 {
+        self.success.lock().get().unwrap_or(1.0)
+    }
+
+    pub fn record_outcome(&self, ok: bool) {
+        self.success.lock().record(if ok { 1.0 } else { 0.0 });
+    }
+
+    /// Installs a fresh inventory. Slots of models that the node no longer holds are
+    /// emptied, so the conversations they held stop counting as warm, unless a reply
+    /// succeeded after the poll was sent (the poll raced with a load).
+    pub fn update_inventory(&self, fresh: Inventory) {
+        let polled_at = fresh.polled_at;
+        let mut models = self.models.lock();
+        for (name, state) in models.iter_mut() {
+            let unloaded = !fresh.resident.contains_key(name);
+            let served_since = match (state.last_success, polled_at) {
+                (Some(served), Some(polled)) => served > polled,
+                _ => false,
+            };
+            if unloaded && !served_since {
+                for slot in &mut state.slots {
+                    slot.lineage = 0;
+                    slot.depth = 0;
+                }
+                state.last_success = None;
+            }
+        }
+        drop(models);
+        self.inventory.store(Arc::new(fresh));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ewma_starts_at_first_sample_and_moves_slowly() {
+        let mut e = Ewma::default();
+        assert_eq!(e.get(), None);
+        e.record(100.0);
+        assert_eq!(e.get(), Some(100.0));
+        e.record(0.0);
+        assert_eq!(e.get(), Some(80.0));
+        e.record(f64::NAN);
+        assert_eq!(e.get(), Some(80.0));
+    }
+
+    #[test]
+    fn unload_empties_slots_unless_served_after_poll() {
+        let node = Node::new(0, NodeConfig::new("a", "http://127.0.0.1:9")).unwrap();
+        let before = Instant::now();
+        {
+            let mut models = node.models.lock();
+            let m = models.entry("m:latest".into()).or_default();
+            m.slots = vec![Slot { lineage: 7, depth: 2, last_used: Some(before), busy: 0 }];
+            m.last_success = Some(Instant::now());
+        }
+        // A poll sent before the last success does not clear it.
+        node.update_inventory(Inventory { polled_at: Some(before), ..Default::default() });
+        assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
+        // A later poll that sees the model gone does.
+        node.update_inventory(Inventory { polled_at: Some(Instant::now()), ..Default::default() });
+        assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 0);
+    }
+}

@@ -1,0 +1,181 @@
+//! Reads every node's `/api/tags` and `/api/ps` in the background, so the request path only
+//! reads what was learned and never waits on a node to decide.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use serde::Deserialize;
+
+use super::node::{Inventory, Node, Resident};
+use crate::request::normalize_model;
+
+#[derive(Deserialize)]
+struct ModelList {
+    #[serde(default)]
+    models: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Version {
+    #[serde(default)]
+    version: Option<String>,
+}
+
+/// Fields of a `/api/tags` or `/api/ps` entry. Older servers omit some; all are optional.
+#[derive(Deserialize)]
+struct ModelEntry {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    context_length: Option<u32>,
+}
+
+impl ModelEntry {
+    fn key(&self) -> Option<String> {
+        self.name
+            .as_deref()
+            .or(self.model.as_deref())
+            .map(normalize_model)
+    }
+}
+
+pub struct Poller {
+    nodes: Vec<Arc<Node>>,
+    client: reqwest::Client,
+    interval: Duration,
+}
+
+impl Poller {
+    pub fn new(nodes: Vec<Arc<Node>>, interval: Duration, timeout: Duration) -> Poller {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()
+            .unwrap_or_default();
+        Poller {
+            nodes,
+            client,
+            interval,
+        }
+    }
+
+    /// Polls every node once, concurrently.
+    pub async fn poll_all(&self) {
+        let polls = self.nodes.iter().map(|node| self.poll(node));
+        futures::future::join_all(polls).await;
+    }
+
+    async fn poll(&self, node: &Node) {
+        let started = Instant::now();
+        let base = node.config.url.trim_end_matches('/');
+        let (tags, ps, version) = tokio::join!(
+            self.get::<ModelList>(format!("{base}/api/tags")),
+            self.get::<ModelList>(format!("{base}/api/ps")),
+            self.get::<Version>(format!("{base}/api/version")),
+        );
+        match (tags, ps) {
+            (Ok(tags), Ok(ps)) => {
+                let mut inventory = inventory_of(started, tags, ps);
+                inventory.version = version.ok().and_then(|v| v.version);
+                node.update_inventory(inventory)
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                log::debug!("poll of {} failed: {e}", node.name());
+            }
+        }
+    }
+
+    async fn get<T: serde::de::DeserializeOwned>(&self, url: String) -> Result<T, reqwest::Error> {
+        self.client
+            .get(url)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await
+    }
+}
+
+fn entries(list: &ModelList) -> impl Iterator<Item = ModelEntry> + '_ {
+    list.models
+        .iter()
+        .filter_map(|v| ModelEntry::deserialize(v).ok())
+}
+
+fn inventory_of(polled_at: Instant, tags: ModelList, ps: ModelList) -> Inventory {
+    let on_disk = entries(&tags)
+        .filter_map(|m| Some((m.key()?, m.size)))
+        .collect();
+    let resident = entries(&ps)
+        .filter_map(|m| {
+            let key = m.key()?;
+            let resident = Resident {
+                size: m.size,
+                context_length: m.context_length,
+                expires_at: m.expires_at,
+            };
+            Some((key, resident))
+        })
+        .collect();
+    Inventory {
+        polled_at: Some(polled_at),
+        on_disk,
+        resident,
+        tags_entries: tags.models,
+        ps_entries: ps.models,
+        version: None,
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Poller {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.poll_all().await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_old_and_new_shapes() {
+        let tags: ModelList = serde_json::from_str(
+            r#"{"models":[{"name":"llama3:8b","model":"llama3:8b","size":4700000000,"digest":"x"},
+                          {"model":"qwen","size":10}]}"#,
+        )
+        .unwrap();
+        // An older /api/ps: no context_length, no size_vram.
+        let ps: ModelList = serde_json::from_str(
+            r#"{"models":[{"name":"llama3:8b","size":5000000000,"expires_at":"2026-01-01T00:00:00Z"}]}"#,
+        )
+        .unwrap();
+        let inv = inventory_of(Instant::now(), tags, ps);
+        assert_eq!(inv.on_disk["llama3:8b"], 4_700_000_000);
+        assert_eq!(inv.on_disk["qwen:latest"], 10);
+        assert_eq!(inv.resident["llama3:8b"].size, 5_000_000_000);
+        assert_eq!(inv.resident["llama3:8b"].context_length, None);
+    }
+
+    #[test]
+    fn empty_reply_means_no_models() {
+        let empty: ModelList = serde_json::from_str("{}").unwrap();
+        assert!(empty.models.is_empty());
+    }
+}

@@ -1,0 +1,132 @@
+//! The `corral` binary: `corral -c conf/corral.yaml` runs the router in front of a fleet;
+//! `corral demo` runs it in front of a built-in simulated fleet.
+
+use std::path::Path;
+
+use clap::{Parser, Subcommand};
+use pingora_core::server::configuration::Opt;
+
+use corral::config::{Config, NodeConfig};
+use corral::standin;
+
+#[derive(Parser)]
+#[command(name = "corral", version, about = "A cache-aware load balancer for Ollama fleets")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Pingora's flags: -c FILE (the configuration), -d (daemon), -t (test the config),
+    /// -u (graceful upgrade).
+    #[command(flatten)]
+    pingora: Opt,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run in front of a built-in fleet of three simulated Ollama nodes.
+    Demo {
+        /// Where the router listens.
+        #[arg(long, default_value = "127.0.0.1:11435")]
+        listen: String,
+    },
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("corral: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let mut config = match &cli.pingora.conf {
+        Some(path) => Config::load(Path::new(path))?,
+        None => Config::default(),
+    };
+    match cli.command {
+        Some(Command::Demo { listen }) => {
+            config.listen = listen;
+            config.nodes = start_demo_fleet()?;
+            // The demo shows scoring from the first request: poll and check often.
+            config.poll.interval = std::time::Duration::from_millis(500);
+            config.health.interval = std::time::Duration::from_secs(1);
+            print_demo_banner(&config);
+        }
+        None if config.nodes.is_empty() => {
+            return Err(
+                "no nodes configured: pass -c conf/corral.yaml (see conf/corral.yaml), or try `corral demo`".into(),
+            );
+        }
+        None => {}
+    }
+    config.validate()?;
+    if cli.pingora.test {
+        println!("corral: configuration is valid ({} nodes)", config.nodes.len());
+    }
+    let server = corral::server::build(config, cli.pingora)?;
+    server.run_forever()
+}
+
+/// Starts the simulated nodes on a runtime of their own, on free loopback ports.
+fn start_demo_fleet() -> Result<Vec<NodeConfig>, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = tx.send(Err(e.to_string()));
+                return;
+            }
+        };
+        runtime.block_on(async move {
+            let configs = standin::demo_fleet();
+            match standin::start_fleet(configs.clone()).await {
+                Ok(nodes) => {
+                    let list = configs
+                        .iter()
+                        .zip(&nodes)
+                        .map(|(cfg, node)| {
+                            let mut n = NodeConfig::new(node.name(), &node.url());
+                            n.memory_gb = Some(cfg.memory_bytes as f64 / 1e9);
+                            n.num_parallel = cfg.num_parallel;
+                            n
+                        })
+                        .collect();
+                    let _ = tx.send(Ok(list));
+                    // Serve until the process ends.
+                    std::future::pending::<()>().await;
+                    drop(nodes);
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                }
+            }
+        });
+    });
+    rx.recv().map_err(|e| e.to_string())?
+}
+
+fn print_demo_banner(config: &Config) {
+    println!("corral demo: a simulated fleet of {} nodes", config.nodes.len());
+    for n in &config.nodes {
+        println!(
+            "  {:<8} {}  {:.0} GB, {} slots",
+            n.name,
+            n.url,
+            n.memory_gb.unwrap_or(0.0),
+            n.num_parallel
+        );
+    }
+    let addr = &config.listen;
+    println!("router on http://{addr} -- try:");
+    println!(
+        "  curl -si http://{addr}/api/chat -d '{{\"model\":\"llama3:8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"stream\":false}}' | grep -i x-fleet"
+    );
+    println!("  curl -s http://{addr}/api/tags");
+    println!("  curl -N http://{addr}/api/chat -H 'X-Fleet-Explain: 1' -d '{{\"model\":\"llama3:8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'");
+}

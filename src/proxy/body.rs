@@ -1,0 +1,69 @@
+//! Reading a client's request body, bounded in size and time.
+//!
+//! corral must read the body before it can choose a node (the model may be the last key),
+//! so it holds the whole body, and forwards those same bytes itself: Pingora 0.9.1 cannot
+//! replay a consumed body over 64 KiB (see docs/design.md).
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pingora_proxy::Session;
+
+#[derive(Debug)]
+pub enum BodyError {
+    TooLarge { limit: usize },
+    Timeout,
+    Read(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::TooLarge { limit } => {
+                write!(f, "request body is larger than the limit of {limit} bytes")
+            }
+            BodyError::Timeout => write!(f, "request body was not received in time"),
+            BodyError::Read(e) => write!(f, "cannot read request body: {e}"),
+        }
+    }
+}
+
+impl BodyError {
+    pub fn status(&self) -> u16 {
+        match self {
+            BodyError::TooLarge { .. } => 413,
+            BodyError::Timeout => 408,
+            BodyError::Read(_) => 400,
+        }
+    }
+}
+
+pub async fn read(session: &mut Session, limit: usize, within: Duration) -> Result<Bytes, BodyError> {
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(BodyError::TooLarge { limit });
+    }
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(0));
+    let reading = async {
+        while let Some(chunk) = session
+            .read_request_body()
+            .await
+            .map_err(|e| BodyError::Read(e.to_string()))?
+        {
+            if body.len() + chunk.len() > limit {
+                return Err(BodyError::TooLarge { limit });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    tokio::time::timeout(within, reading)
+        .await
+        .map_err(|_| BodyError::Timeout)??;
+    Ok(body.freeze())
+}

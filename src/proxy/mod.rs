@@ -1,0 +1,185 @@
+//! The proxy: Pingora's HTTP service, with every request answered in `request_filter`.
+//!
+//! A request is classified by path; fleet-wide endpoints are answered from state; routed
+//! endpoints have their body read, profiled and scored, and are forwarded by
+//! [`forward::Forwarder`].
+
+mod body;
+mod forward;
+mod local;
+mod reply;
+mod respond;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::{Error, ErrorType, Result};
+use pingora_proxy::{ProxyHttp, Session};
+
+use crate::config::Config;
+use crate::request::{Endpoint, Profile, Route};
+use crate::routing::{RouteError, Router};
+pub use reply::ReplyStats;
+
+/// The corral proxy service.
+pub struct Corral {
+    router: Arc<Router>,
+    forwarder: forward::Forwarder,
+    max_body: usize,
+    body_read: Duration,
+    /// Suggested wait before retrying when no node can serve, in seconds.
+    retry_after: u64,
+}
+
+/// What is known about one request as it goes; read by logging and metrics.
+#[derive(Default)]
+pub struct RequestCtx {
+    pub started: Option<Instant>,
+    pub endpoint: Option<Endpoint>,
+    pub model: Option<String>,
+    pub node: Option<String>,
+    pub status: u16,
+    pub retries: usize,
+    pub ttfb: Option<Duration>,
+    pub bytes_out: usize,
+    pub client_gone: bool,
+    /// The node broke off its reply after it had begun.
+    pub broken: bool,
+    pub stats: Option<ReplyStats>,
+}
+
+impl Corral {
+    pub fn new(router: Arc<Router>, config: &Config) -> Corral {
+        Corral {
+            router,
+            forwarder: forward::Forwarder::new(config.timeouts.clone(), config.limits.max_retries),
+            max_body: config.limits.max_body_bytes,
+            body_read: config.timeouts.body_read,
+            retry_after: config.health.interval.as_secs().max(1),
+        }
+    }
+
+    async fn handle(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
+        let route = {
+            let req = session.req_header();
+            Route::of(&req.method, req.uri.path())
+        };
+        let fleet = &self.router.fleet;
+        let (status, result) = match route {
+            Route::Model(endpoint) => return self.route_model(session, ctx, endpoint).await,
+            Route::Root => (
+                200,
+                respond::send(session, 200, "text/plain; charset=utf-8", Bytes::from_static(b"Ollama is running"), &[]).await,
+            ),
+            Route::Tags => (200, respond::json(session, 200, &local::tags(fleet)).await),
+            Route::Ps => (200, respond::json(session, 200, &local::ps(fleet)).await),
+            Route::Version => (200, respond::json(session, 200, &local::version(fleet)).await),
+            Route::OpenAiModels => (200, respond::json(session, 200, &local::openai_models(fleet)).await),
+            Route::Management => {
+                let path = session.req_header().uri.path().to_string();
+                let message = format!(
+                    "{path} is disabled in corral: it changes one node, and corral does not yet let a client choose which; run it against the node directly"
+                );
+                (403, respond::error(session, 403, &message, &[]).await)
+            }
+            Route::WrongMethod(allowed) => {
+                let message = format!("method not allowed: use {allowed}");
+                (405, respond::error(session, 405, &message, &[("Allow", allowed.to_string())]).await)
+            }
+            Route::NotFound => {
+                let path = session.req_header().uri.path().to_string();
+                (404, respond::error(session, 404, &format!("404 page not found: {path}"), &[]).await)
+            }
+        };
+        ctx.status = status;
+        result
+    }
+
+    async fn route_model(&self, session: &mut Session, ctx: &mut RequestCtx, endpoint: Endpoint) -> Result<()> {
+        ctx.endpoint = Some(endpoint);
+        let body = match body::read(session, self.max_body, self.body_read).await {
+            Ok(body) => body,
+            Err(e) => {
+                // What is left of the body is not read: the connection cannot be reused.
+                session.set_keepalive(None);
+                ctx.status = e.status();
+                return respond::error(session, e.status(), &e.to_string(), &[]).await;
+            }
+        };
+        let profile = match Profile::parse(endpoint, &body) {
+            Ok(p) => p,
+            Err(e) => {
+                ctx.status = 400;
+                return respond::error(session, 400, &e.to_string(), &[]).await;
+            }
+        };
+        ctx.model = Some(profile.model_key.clone());
+        let decision = match self.router.decide(&profile) {
+            Ok(d) => d,
+            Err(e) => return self.refuse(session, ctx, e).await,
+        };
+        self.forwarder
+            .forward(&self.router, session, ctx, &body, &profile, &decision)
+            .await
+    }
+
+    async fn refuse(&self, session: &mut Session, ctx: &mut RequestCtx, e: RouteError) -> Result<()> {
+        let retry_after = [("Retry-After", self.retry_after.to_string())];
+        let (status, message, extra): (u16, String, &[_]) = match e {
+            RouteError::NoHealthyNode => (503, "no healthy node in the fleet".into(), &retry_after),
+            RouteError::ModelNotFound(model) => (404, format!("model '{model}' not found"), &[]),
+            RouteError::TooLarge { model, need } => (
+                503,
+                format!(
+                    "model '{model}' needs {:.1} GB, more memory than any healthy node has",
+                    need as f64 / 1e9
+                ),
+                &retry_after,
+            ),
+        };
+        ctx.status = status;
+        respond::error(session, status, &message, extra).await
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Corral {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            started: Some(Instant::now()),
+            ..Default::default()
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        self.handle(session, ctx).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        // request_filter answers every request (see the module docs), so Pingora's own
+        // forwarding never starts.
+        Error::e_explain(ErrorType::InternalError, "corral forwards requests itself")
+    }
+
+    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        if let Some(e) = e {
+            log::debug!("request ended with error: {e}");
+        }
+        log::debug!(
+            "{} {} -> {} status={} retries={} gone={} broken={}",
+            ctx.endpoint.map_or("-", Endpoint::path),
+            ctx.model.as_deref().unwrap_or("-"),
+            ctx.node.as_deref().unwrap_or("-"),
+            ctx.status,
+            ctx.retries,
+            ctx.client_gone,
+            ctx.broken
+        );
+    }
+}

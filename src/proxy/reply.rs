@@ -1,0 +1,162 @@
+//! What a reply says about the node that produced it, read from its last JSON object:
+//! Ollama's final chunk (`prompt_eval_count`, `eval_duration`...), OpenAI-style `usage`,
+//! llama.cpp's `timings`.
+
+use serde::Deserialize;
+
+/// Keeps the last bytes of a reply, where the final chunk is.
+pub struct Tail {
+    buf: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl Tail {
+    pub fn new(cap: usize) -> Tail {
+        Tail {
+            buf: Vec::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    pub fn push(&mut self, chunk: &[u8]) {
+        if chunk.len() >= self.cap {
+            self.buf.clear();
+            self.buf.extend_from_slice(&chunk[chunk.len() - self.cap..]);
+            self.truncated = true;
+            return;
+        }
+        let overflow = (self.buf.len() + chunk.len()).saturating_sub(self.cap);
+        if overflow > 0 {
+            self.buf.drain(..overflow);
+            self.truncated = true;
+        }
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The last complete JSON object: the last NDJSON line, the last SSE `data:` event that
+    /// is not `[DONE]`, or the whole body of a plain JSON reply.
+    pub fn last_object(&self) -> Option<&[u8]> {
+        let text = &self.buf[..];
+        let lines = text
+            .split(|b| *b == b'\n')
+            .map(|l| l.trim_ascii())
+            .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
+            .filter(|l| l.first() == Some(&b'{'));
+        let last = lines.last()?;
+        // A line cut at the front by the buffer is not an object.
+        if self.truncated && last.as_ptr() == text.as_ptr() {
+            return None;
+        }
+        Some(last)
+    }
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct ReplyStats {
+    #[serde(default)]
+    pub load_duration: Option<u64>,
+    #[serde(default)]
+    pub prompt_eval_count: Option<u64>,
+    #[serde(default)]
+    pub prompt_eval_duration: Option<u64>,
+    #[serde(default)]
+    pub eval_count: Option<u64>,
+    #[serde(default)]
+    pub eval_duration: Option<u64>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    #[serde(default)]
+    pub timings: Option<Timings>,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    #[serde(default)]
+    pub completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct PromptDetails {
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+}
+
+/// llama.cpp server's per-request timings.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct Timings {
+    #[serde(default)]
+    pub cache_n: Option<u64>,
+    #[serde(default)]
+    pub prompt_n: Option<u64>,
+    #[serde(default)]
+    pub prompt_per_second: Option<f64>,
+    #[serde(default)]
+    pub predicted_per_second: Option<f64>,
+}
+
+impl ReplyStats {
+    pub fn parse(object: &[u8]) -> Option<ReplyStats> {
+        serde_json::from_slice(object).ok()
+    }
+
+    /// Prompt tokens evaluated per second (only uncached tokens are evaluated).
+    pub fn prefill_tps(&self) -> Option<f64> {
+        rate(self.prompt_eval_count, self.prompt_eval_duration)
+            .or_else(|| self.timings.as_ref()?.prompt_per_second)
+    }
+
+    /// Tokens generated per second.
+    pub fn decode_tps(&self) -> Option<f64> {
+        rate(self.eval_count, self.eval_duration)
+            .or_else(|| self.timings.as_ref()?.predicted_per_second)
+    }
+}
+
+fn rate(count: Option<u64>, duration_ns: Option<u64>) -> Option<f64> {
+    match (count, duration_ns) {
+        (Some(c), Some(d)) if c > 0 && d > 0 => Some(c as f64 / (d as f64 / 1e9)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_ollama_final_chunk() {
+        let mut t = Tail::new(1024);
+        t.push(b"{\"done\":false}\n{\"done\":true,\"prompt_eval_count\":10,");
+        t.push(b"\"prompt_eval_duration\":1000000000,\"eval_count\":5,\"eval_duration\":500000000}\n");
+        let s = ReplyStats::parse(t.last_object().unwrap()).unwrap();
+        assert_eq!(s.prefill_tps(), Some(10.0));
+        assert_eq!(s.decode_tps(), Some(10.0));
+    }
+
+    #[test]
+    fn finds_sse_usage_before_done() {
+        let mut t = Tail::new(1024);
+        t.push(b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":9,\"prompt_tokens_details\":{\"cached_tokens\":7}}}\n\ndata: [DONE]\n\n");
+        let s = ReplyStats::parse(t.last_object().unwrap()).unwrap();
+        let usage = s.usage.unwrap();
+        assert_eq!(usage.prompt_tokens, Some(9));
+        assert_eq!(usage.prompt_tokens_details.unwrap().cached_tokens, Some(7));
+    }
+
+    #[test]
+    fn keeps_only_the_tail() {
+        let mut t = Tail::new(16);
+        t.push(&[b'x'; 100]);
+        t.push(b"\n{\"a\":1}");
+        assert_eq!(t.last_object(), Some(&b"{\"a\":1}"[..]));
+        let mut t = Tail::new(8);
+        t.push(b"{\"long\":\"object cut by the buffer\"}");
+        assert_eq!(t.last_object(), None);
+    }
+}

@@ -1,0 +1,150 @@
+//! Which of Ollama's and OpenAI's endpoints a request is for.
+
+use http::Method;
+
+/// Endpoints that are forwarded to the node chosen for the request's model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    Chat,
+    Generate,
+    Embed,
+    Embeddings,
+    Show,
+    OpenAiChat,
+    OpenAiCompletions,
+    OpenAiEmbeddings,
+}
+
+/// What corral does with a request, decided from its method and path alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Forwarded to the best node for the body's model.
+    Model(Endpoint),
+    /// `GET /api/tags`: models on disk across the healthy fleet.
+    Tags,
+    /// `GET /v1/models`: the same, shaped as OpenAI's model list.
+    OpenAiModels,
+    /// `GET /api/ps`: models resident across the healthy fleet.
+    Ps,
+    Version,
+    /// `GET` or `HEAD /`: "Ollama is running".
+    Root,
+    /// Pull, push, create, copy, delete: they change a node, so they need a chosen target.
+    Management,
+    /// A known path with the wrong method.
+    WrongMethod(&'static str),
+    NotFound,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/api/chat",
+            Endpoint::Generate => "/api/generate",
+            Endpoint::Embed => "/api/embed",
+            Endpoint::Embeddings => "/api/embeddings",
+            Endpoint::Show => "/api/show",
+            Endpoint::OpenAiChat => "/v1/chat/completions",
+            Endpoint::OpenAiCompletions => "/v1/completions",
+            Endpoint::OpenAiEmbeddings => "/v1/embeddings",
+        }
+    }
+
+    /// The request class matched against node roles.
+    pub fn class(self) -> &'static str {
+        match self {
+            Endpoint::Chat | Endpoint::OpenAiChat => "chat",
+            Endpoint::Generate | Endpoint::OpenAiCompletions => "generate",
+            Endpoint::Embed | Endpoint::Embeddings | Endpoint::OpenAiEmbeddings => "embed",
+            Endpoint::Show => "show",
+        }
+    }
+
+    /// Ollama's own endpoints stream unless told `"stream": false`; OpenAI's only when told
+    /// `"stream": true`; embeddings and show never do.
+    pub fn streams_by_default(self) -> bool {
+        matches!(self, Endpoint::Chat | Endpoint::Generate)
+    }
+
+    pub fn is_openai(self) -> bool {
+        matches!(
+            self,
+            Endpoint::OpenAiChat | Endpoint::OpenAiCompletions | Endpoint::OpenAiEmbeddings
+        )
+    }
+
+    /// Whether the endpoint generates text, and so uses a slot and its prefix cache.
+    pub fn generates(self) -> bool {
+        matches!(
+            self,
+            Endpoint::Chat | Endpoint::Generate | Endpoint::OpenAiChat | Endpoint::OpenAiCompletions
+        )
+    }
+}
+
+impl Route {
+    pub fn of(method: &Method, path: &str) -> Route {
+        let path = path.trim_end_matches('/');
+        let endpoint = match path {
+            "/api/chat" => Some(Endpoint::Chat),
+            "/api/generate" => Some(Endpoint::Generate),
+            "/api/embed" => Some(Endpoint::Embed),
+            "/api/embeddings" => Some(Endpoint::Embeddings),
+            "/api/show" => Some(Endpoint::Show),
+            "/v1/chat/completions" => Some(Endpoint::OpenAiChat),
+            "/v1/completions" => Some(Endpoint::OpenAiCompletions),
+            "/v1/embeddings" => Some(Endpoint::OpenAiEmbeddings),
+            _ => None,
+        };
+        let is_get = method == Method::GET || method == Method::HEAD;
+        if let Some(endpoint) = endpoint {
+            return if method == Method::POST {
+                Route::Model(endpoint)
+            } else {
+                Route::WrongMethod("POST")
+            };
+        }
+        let local = match path {
+            "" => Route::Root,
+            "/api/tags" => Route::Tags,
+            "/api/ps" => Route::Ps,
+            "/api/version" => Route::Version,
+            "/v1/models" => Route::OpenAiModels,
+            "/api/pull" | "/api/push" | "/api/create" | "/api/copy" | "/api/delete" => {
+                return Route::Management;
+            }
+            _ if path.starts_with("/api/blobs/") => return Route::Management,
+            _ => return Route::NotFound,
+        };
+        if is_get { local } else { Route::WrongMethod("GET") }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_method_and_path() {
+        assert_eq!(Route::of(&Method::POST, "/api/chat"), Route::Model(Endpoint::Chat));
+        assert_eq!(
+            Route::of(&Method::POST, "/v1/chat/completions"),
+            Route::Model(Endpoint::OpenAiChat)
+        );
+        assert_eq!(Route::of(&Method::GET, "/api/chat"), Route::WrongMethod("POST"));
+        assert_eq!(Route::of(&Method::GET, "/"), Route::Root);
+        assert_eq!(Route::of(&Method::HEAD, "/"), Route::Root);
+        assert_eq!(Route::of(&Method::GET, "/api/tags"), Route::Tags);
+        assert_eq!(Route::of(&Method::POST, "/api/tags"), Route::WrongMethod("GET"));
+        assert_eq!(Route::of(&Method::DELETE, "/api/delete"), Route::Management);
+        assert_eq!(Route::of(&Method::POST, "/api/pull"), Route::Management);
+        assert_eq!(Route::of(&Method::GET, "/nope"), Route::NotFound);
+    }
+
+    #[test]
+    fn streaming_defaults_differ_by_api() {
+        assert!(Endpoint::Chat.streams_by_default());
+        assert!(!Endpoint::OpenAiChat.streams_by_default());
+        assert!(!Endpoint::Embed.streams_by_default());
+    }
+}

@@ -1,0 +1,286 @@
+//! Reading a request body once, without copying it, into what routing needs to know.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::conversation::{PrefixChain, prompt_chain};
+use super::endpoint::Endpoint;
+
+/// A rough count used by every tokenizer-free router: four bytes of text per token.
+const BYTES_PER_TOKEN: usize = 4;
+/// What one image costs a vision model's context, roughly (LLaVA-style encoders).
+const TOKENS_PER_IMAGE: u32 = 576;
+
+/// Everything routing learns from a request.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub endpoint: Endpoint,
+    /// The model as the client named it.
+    pub model: String,
+    /// The model as nodes list it: `llama3` becomes `llama3:latest`.
+    pub model_key: String,
+    pub stream: bool,
+    /// `options.num_ctx`, when the client sets the context length.
+    pub num_ctx: Option<u32>,
+    /// Estimated prompt tokens (text and images).
+    pub prompt_tokens: u32,
+    pub images: u32,
+    /// Prefix hashes over message boundaries (chat) or prompt blocks (generate). Empty past
+    /// the model for endpoints that keep no cache (embeddings, show).
+    pub chain: PrefixChain,
+    /// The body carries an earlier reply of the model: the client continues a conversation.
+    pub follow_up: bool,
+    /// Stable across a conversation's turns: the hash of its first boundary. Breaks ties.
+    pub conversation: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum ProfileError {
+    /// Not JSON, not UTF-8, or a field of the wrong type.
+    Invalid(String),
+    MissingModel,
+}
+
+impl std::fmt::Display for ProfileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProfileError::Invalid(e) => write!(f, "invalid request body: {e}"),
+            ProfileError::MissingModel => write!(f, "model is required"),
+        }
+    }
+}
+
+/// The fields of interest across all routed endpoints; the rest of the body is skipped.
+/// Strings borrow from the body when they have no escapes.
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow, default)]
+    model: Option<std::borrow::Cow<'a, str>>,
+    /// `/api/show` still accepts the older `name`.
+    #[serde(borrow, default)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    options: Option<Options>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<Message<'a>>>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    images: Option<Vec<&'a RawValue>>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Options {
+    #[serde(default)]
+    num_ctx: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    images: Option<Vec<&'a RawValue>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+impl Profile {
+    pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Profile, ProfileError> {
+        let parsed: Body =
+            serde_json::from_slice(body).map_err(|e| ProfileError::Invalid(e.to_string()))?;
+        let model = match (&parsed.model, &parsed.name, endpoint) {
+            (Some(m), _, _) if !m.trim().is_empty() => m.to_string(),
+            (None, Some(n), Endpoint::Show) if !n.trim().is_empty() => n.to_string(),
+            _ => return Err(ProfileError::MissingModel),
+        };
+        let model_key = normalize_model(&model);
+        let stream = parsed
+            .stream
+            .unwrap_or_else(|| endpoint.streams_by_default());
+        let num_ctx = parsed.options.as_ref().and_then(|o| o.num_ctx);
+
+        let mut chain = PrefixChain::start(&model_key);
+        let mut text_bytes = 0usize;
+        let mut images = 0u32;
+        let mut follow_up = false;
+        if let Some(messages) = &parsed.messages {
+            for m in messages {
+                let content = m.content.map_or("", RawValue::get);
+                let tools = m.tool_calls.map_or("", RawValue::get);
+                text_bytes += content.len() + tools.len();
+                let message_images = m.images.as_ref().map_or(0, Vec::len);
+                // OpenAI carries images as content parts.
+                images += message_images as u32 + content.matches("\"image_url\"").count() as u32;
+                follow_up |= m.role == "assistant";
+                if endpoint.generates() {
+                    let mut parts: Vec<&[u8]> =
+                        vec![m.role.as_bytes(), content.as_bytes(), tools.as_bytes()];
+                    for image in m.images.iter().flatten() {
+                        parts.push(image.get().as_bytes());
+                    }
+                    chain.push(&parts);
+                }
+            }
+        } else if endpoint.generates() {
+            let system = parsed.system.map(|s| s.get().as_bytes());
+            let prompt = parsed.prompt.map_or(&b""[..], |p| p.get().as_bytes());
+            text_bytes += system.map_or(0, <[u8]>::len) + prompt.len();
+            chain = prompt_chain(&model_key, system, prompt);
+        }
+        if let Some(top) = &parsed.images {
+            images += top.len() as u32;
+        }
+        if let Some(input) = parsed.input {
+            text_bytes += input.get().len();
+        }
+        let prompt_tokens =
+            (text_bytes.div_ceil(BYTES_PER_TOKEN) as u32).saturating_add(images * TOKENS_PER_IMAGE);
+        let conversation = chain.hashes.get(1).copied().unwrap_or(chain.last());
+        Ok(Profile {
+            endpoint,
+            model,
+            model_key,
+            stream,
+            num_ctx,
+            prompt_tokens,
+            images,
+            chain,
+            follow_up,
+            conversation,
+        })
+    }
+}
+
+/// Ollama names a model `name:tag` and reads a bare name as `name:latest`.
+pub fn normalize_model(model: &str) -> String {
+    let model = model.trim();
+    // A colon inside a registry host's port (host:5000/ns/name) is not a tag separator.
+    let last_segment = model.rsplit('/').next().unwrap_or(model);
+    if last_segment.contains(':') {
+        model.to_string()
+    } else {
+        format!("{model}:latest")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Profile {
+        Profile::parse(Endpoint::Chat, body.as_bytes()).expect("valid body")
+    }
+
+    #[test]
+    fn model_may_come_last() {
+        let p = chat(r#"{"messages":[{"role":"user","content":"hi"}],"stream":false,"model":"llama3"}"#);
+        assert_eq!(p.model, "llama3");
+        assert_eq!(p.model_key, "llama3:latest");
+        assert!(!p.stream);
+        assert_eq!(p.chain.depth(), 1);
+    }
+
+    #[test]
+    fn stream_defaults_per_api() {
+        let body = r#"{"model":"m","messages":[]}"#;
+        assert!(Profile::parse(Endpoint::Chat, body.as_bytes()).unwrap().stream);
+        assert!(!Profile::parse(Endpoint::OpenAiChat, body.as_bytes()).unwrap().stream);
+        let body = r#"{"model":"m","messages":[],"stream":true}"#;
+        assert!(Profile::parse(Endpoint::OpenAiChat, body.as_bytes()).unwrap().stream);
+    }
+
+    #[test]
+    fn errors_are_specific() {
+        assert_eq!(
+            Profile::parse(Endpoint::Chat, br#"{"messages":[]}"#).unwrap_err(),
+            ProfileError::MissingModel
+        );
+        assert_eq!(
+            Profile::parse(Endpoint::Chat, br#"{"model":"  "}"#).unwrap_err(),
+            ProfileError::MissingModel
+        );
+        assert!(matches!(
+            Profile::parse(Endpoint::Chat, b"{not json").unwrap_err(),
+            ProfileError::Invalid(_)
+        ));
+        let err = Profile::parse(Endpoint::Chat, br#"{"model":"m","stream":"yes"}"#).unwrap_err();
+        assert!(err.to_string().contains("boolean"), "{err}");
+        assert!(matches!(
+            Profile::parse(Endpoint::Chat, b"{\"model\":\"\xff\"}").unwrap_err(),
+            ProfileError::Invalid(_)
+        ));
+        assert!(matches!(
+            Profile::parse(Endpoint::Chat, b"[1,2]").unwrap_err(),
+            ProfileError::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let deep = format!(
+            r#"{{"model":"m","options":{}{}}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert!(Profile::parse(Endpoint::Chat, deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn follow_up_and_options() {
+        let p = chat(
+            r#"{"model":"m","options":{"num_ctx":8192,"temperature":0},"messages":[
+                {"role":"user","content":"hi"},{"role":"assistant","content":"hello"},
+                {"role":"user","content":"more","images":["aGVsbG8="]}]}"#,
+        );
+        assert!(p.follow_up);
+        assert_eq!(p.num_ctx, Some(8192));
+        assert_eq!(p.images, 1);
+        assert!(p.prompt_tokens >= TOKENS_PER_IMAGE);
+        assert_eq!(p.chain.depth(), 3);
+    }
+
+    #[test]
+    fn conversation_id_is_stable_across_turns() {
+        let t1 = chat(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
+        let t2 = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"},
+               {"role":"assistant","content":"yo"},{"role":"user","content":"and?"}]}"#,
+        );
+        assert_eq!(t1.conversation, t2.conversation);
+        assert!(t2.chain.hashes.contains(&t1.chain.last()));
+    }
+
+    #[test]
+    fn generate_hashes_prompt_blocks() {
+        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "a".repeat(3000));
+        let p = Profile::parse(Endpoint::Generate, body.as_bytes()).unwrap();
+        assert_eq!(p.chain.depth(), 3);
+        assert!(p.stream);
+        assert!(p.prompt_tokens >= 750);
+    }
+
+    #[test]
+    fn embeddings_keep_no_chain_and_show_accepts_name() {
+        let p = Profile::parse(Endpoint::Embed, br#"{"model":"e","input":["a","b"]}"#).unwrap();
+        assert_eq!(p.chain.depth(), 0);
+        assert!(!p.stream);
+        let p = Profile::parse(Endpoint::Show, br#"{"name":"llama3:8b"}"#).unwrap();
+        assert_eq!(p.model_key, "llama3:8b");
+    }
+
+    #[test]
+    fn normalizes_tags() {
+        assert_eq!(normalize_model("llama3"), "llama3:latest");
+        assert_eq!(normalize_model("llama3:8b"), "llama3:8b");
+        assert_eq!(normalize_model("host:5000/ns/m"), "host:5000/ns/m:latest");
+    }
+}

@@ -1,0 +1,603 @@
+//! Choosing a node for a request: find where its conversation is warm, score every candidate
+//! on the eight signals, rank them; then keep the books (in-flight counts, slots, affinity)
+//! while the request runs.
+
+mod affinity;
+pub mod score;
+pub mod signals;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use affinity::{AffinityTable, Entry};
+pub use score::Scores;
+use signals::{Memory, RequestClass, Speed, Warmth};
+
+use crate::config::{Config, Weights};
+use crate::fleet::{Fleet, ModelState, Node, Slot};
+use crate::request::Profile;
+
+pub struct Router {
+    pub fleet: Arc<Fleet>,
+    pub affinity: AffinityTable,
+    weights: Weights,
+    next_lineage: AtomicU64,
+}
+
+/// The node holding a request's longest warm prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pin {
+    pub node: usize,
+    pub lineage: u64,
+    /// Boundaries of the request that the node holds.
+    pub depth: usize,
+    /// The prefix is the whole of what the slot holds: the request continues that slot's
+    /// conversation (rather than branching from it or sharing its system prompt).
+    pub continues: bool,
+}
+
+pub struct Candidate {
+    pub node: Arc<Node>,
+    pub scores: Scores,
+}
+
+pub struct Decision {
+    /// Best first.
+    pub ranked: Vec<Candidate>,
+    pub pin: Option<Pin>,
+    /// The request continues a conversation: it carries an earlier reply, or its prefix was
+    /// known and has gone cold.
+    pub follow_up: bool,
+}
+
+/// What `X-Fleet-Affinity` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AffinityResult {
+    /// Sent to the node holding the conversation's warm prefix.
+    Hit,
+    /// A follow-up sent where its prefix is not warm.
+    Miss,
+    /// Nothing to be warm yet.
+    New,
+}
+
+impl AffinityResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AffinityResult::Hit => "hit",
+            AffinityResult::Miss => "miss",
+            AffinityResult::New => "new",
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum RouteError {
+    NoHealthyNode,
+    ModelNotFound(String),
+    /// The model exists but no healthy node has the memory for it.
+    TooLarge { model: String, need: u64 },
+}
+
+impl Decision {
+    pub fn affinity_for(&self, node: usize) -> AffinityResult {
+        match self.pin {
+            Some(pin) if pin.node == node => AffinityResult::Hit,
+            Some(_) => AffinityResult::Miss,
+            None if self.follow_up => AffinityResult::Miss,
+            None => AffinityResult::New,
+        }
+    }
+}
+
+impl Router {
+    pub fn new(fleet: Arc<Fleet>, config: &Config) -> Router {
+        Router {
+            fleet,
+            affinity: AffinityTable::new(config.affinity.capacity, config.affinity.ttl),
+            weights: config.weights.clone(),
+            next_lineage: AtomicU64::new(1),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        self.affinity.ttl()
+    }
+
+    /// Scores every healthy node that has the model and ranks them.
+    pub fn decide(&self, p: &Profile) -> Result<Decision, RouteError> {
+        let healthy: Vec<&Arc<Node>> = self.fleet.healthy().collect();
+        if healthy.is_empty() {
+            return Err(RouteError::NoHealthyNode);
+        }
+        let (pin, went_cold) = self.find_pin(p);
+        let model = p.model_key.as_str();
+        let need = model_size(&self.fleet.nodes, model);
+        let best = best_speed(&self.fleet.nodes, model);
+        let now = Instant::now();
+        let class = RequestClass {
+            endpoint: p.endpoint.class(),
+            model,
+            size: need.map(signals::size_class),
+        };
+
+        let mut ranked = Vec::with_capacity(healthy.len());
+        let mut too_large = false;
+        for node in healthy {
+            let inv = node.inventory();
+            let known_empty = inv.polled_at.is_some();
+            let resident_now = inv.resident.get(model);
+            if known_empty && resident_now.is_none() && !inv.on_disk.contains_key(model) {
+                continue;
+            }
+            let state = node.models.lock().get(model).cloned().unwrap_or_default();
+            let served_since_poll = match (state.last_success, inv.polled_at) {
+                (Some(served), Some(polled)) => served > polled,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            let resident = resident_now.is_some() || served_since_poll;
+            let memory = Memory {
+                need,
+                total: node.config.memory_bytes(),
+                used: inv.resident.values().map(|r| r.size).sum(),
+            };
+            let Some(memory_fit) = signals::memory_fit(resident, memory, &self.weights) else {
+                too_large = true;
+                continue;
+            };
+            let warmth = if pin.is_some_and(|pin| pin.node == node.index) {
+                Warmth::HoldsPrefix
+            } else if p.endpoint.generates()
+                && all_slots_warm(&state, node.config.num_parallel, now, self.ttl())
+            {
+                Warmth::WouldDisplace
+            } else {
+                Warmth::Free
+            };
+            let speed = Speed {
+                prefill: state.prefill_tps.get(),
+                decode: state.decode_tps.get(),
+            };
+            let w = &self.weights;
+            let scores = Scores {
+                model_loaded: signals::model_loaded(resident, w),
+                memory_fit,
+                queue_depth: signals::queue_depth(state.in_flight, w),
+                latency: signals::latency(speed, best, w),
+                role_affinity: signals::role_affinity(&node.config.roles, class, w),
+                availability: signals::availability(node.success_ratio(), w),
+                context_fit: signals::context_fit(
+                    p.prompt_tokens,
+                    p.num_ctx,
+                    resident_now.and_then(|r| r.context_length),
+                    w,
+                ),
+                session_affinity: signals::session_affinity(warmth, state.in_flight, w),
+            };
+            ranked.push(Candidate {
+                node: node.clone(),
+                scores,
+            });
+        }
+        if ranked.is_empty() {
+            return Err(match (too_large, need) {
+                (true, Some(need)) => RouteError::TooLarge {
+                    model: p.model.clone(),
+                    need,
+                },
+                _ => RouteError::ModelNotFound(p.model.clone()),
+            });
+        }
+        score::rank(
+            &mut ranked,
+            |c| (c.scores.total(), c.node.name()),
+            p.conversation,
+        );
+        Ok(Decision {
+            ranked,
+            pin,
+            follow_up: p.follow_up || went_cold,
+        })
+    }
+
+    /// The deepest prefix of the request that a node still holds warm. Entries that no
+    /// longer hold (slot given to another conversation, model unloaded, expired) are dropped
+    /// on the way; the second value tells whether any was seen.
+    fn find_pin(&self, p: &Profile) -> (Option<Pin>, bool) {
+        let mut went_cold = false;
+        let now = Instant::now();
+        for depth in (1..=p.chain.depth()).rev() {
+            let hash = p.chain.hashes[depth];
+            let Some(entry) = self.affinity.get(hash) else {
+                continue;
+            };
+            let node = self.fleet.nodes.get(usize::from(entry.node));
+            let slot_depth = node.and_then(|node| {
+                let models = node.models.lock();
+                let state = models.get(&p.model_key)?;
+                state
+                    .slots
+                    .iter()
+                    .find(|s| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
+                    .map(|s| s.depth)
+            });
+            match slot_depth {
+                Some(slot_depth) => {
+                    let pin = Pin {
+                        node: usize::from(entry.node),
+                        lineage: entry.lineage,
+                        depth,
+                        continues: slot_depth == depth,
+                    };
+                    return (Some(pin), went_cold);
+                }
+                None => {
+                    self.affinity.remove(hash);
+                    went_cold = true;
+                }
+            }
+        }
+        (None, went_cold)
+    }
+
+    /// Counts the request against the node while it runs. The returned guard gives the
+    /// count back when dropped, on every path.
+    pub fn dispatch(&self, node: &Arc<Node>, p: &Profile) -> Dispatch {
+        node.models
+            .lock()
+            .entry(p.model_key.clone())
+            .or_default()
+            .in_flight += 1;
+        Dispatch {
+            node: node.clone(),
+            model: p.model_key.clone(),
+            slot: None,
+        }
+    }
+
+    /// Records that the request reached the node: it now occupies one of the model's slots
+    /// there, as Ollama assigns them (its own slot if it continues a conversation, else a
+    /// free one, else the least recently used), and its prefix is remembered as warm there.
+    pub fn commit(&self, dispatch: &mut Dispatch, p: &Profile, decision: &Decision) {
+        if !p.endpoint.generates() || dispatch.slot.is_some() {
+            return;
+        }
+        let node = &dispatch.node;
+        let now = Instant::now();
+        let pin = decision.pin.filter(|pin| pin.node == node.index);
+        let (index, lineage) = {
+            let mut models = node.models.lock();
+            let state = models.entry(p.model_key.clone()).or_default();
+            let parallel = node.config.num_parallel.max(1);
+            if state.slots.len() != parallel {
+                state.slots.resize(parallel, Slot::default());
+            }
+            let continued = pin.filter(|pin| pin.continues).and_then(|pin| {
+                let i = state.slots.iter().position(|s| s.lineage == pin.lineage)?;
+                Some((i, pin.lineage))
+            });
+            let (index, lineage) = continued.unwrap_or_else(|| {
+                let lineage = self.next_lineage.fetch_add(1, Ordering::Relaxed);
+                (choose_slot(&state.slots, now, self.ttl()), lineage)
+            });
+            let slot = &mut state.slots[index];
+            slot.lineage = lineage;
+            slot.depth = p.chain.depth();
+            slot.last_used = Some(now);
+            slot.busy += 1;
+            (index, lineage)
+        };
+        dispatch.slot = Some(index);
+        let depth = p.chain.depth();
+        if depth > 0 {
+            let entry = Entry {
+                node: node.index as u16,
+                lineage,
+                depth: depth as u32,
+            };
+            self.affinity.insert(p.chain.last(), entry);
+            // The first boundary too: conversations that share it (a system prompt, a
+            // document) find the node that holds it.
+            if depth > 1 {
+                self.affinity.insert(p.chain.hashes[1], Entry { depth: 1, ..entry });
+            }
+        }
+    }
+}
+
+/// A request counted against a node. Dropping it gives back the in-flight count and the slot.
+pub struct Dispatch {
+    pub node: Arc<Node>,
+    model: String,
+    slot: Option<usize>,
+}
+
+/// What a finished reply taught about the node.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Outcome {
+    pub ok: bool,
+    pub ttfb: Option<Duration>,
+    pub prefill_tps: Option<f64>,
+    pub decode_tps: Option<f64>,
+}
+
+impl Dispatch {
+    pub fn finish(&self, outcome: Outcome) {
+        self.node.record_outcome(outcome.ok);
+        if !outcome.ok {
+            return;
+        }
+        let mut models = self.node.models.lock();
+        let state = models.entry(self.model.clone()).or_default();
+        state.last_success = Some(Instant::now());
+        if let Some(ttfb) = outcome.ttfb {
+            state.ttfb_ms.record(ttfb.as_secs_f64() * 1000.0);
+        }
+        if let Some(tps) = outcome.prefill_tps {
+            state.prefill_tps.record(tps);
+        }
+        if let Some(tps) = outcome.decode_tps {
+            state.decode_tps.record(tps);
+        }
+    }
+}
+
+impl Drop for Dispatch {
+    fn drop(&mut self) {
+        let mut models = self.node.models.lock();
+        if let Some(state) = models.get_mut(&self.model) {
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if let Some(slot) = self.slot.and_then(|i| state.slots.get_mut(i)) {
+                slot.busy = slot.busy.saturating_sub(1);
+                slot.last_used = Some(Instant::now());
+            }
+        }
+    }
+}
+
+fn is_warm(slot: &Slot, now: Instant, ttl: Duration) -> bool {
+    slot.lineage != 0 && slot.last_used.is_some_and(|t| now.duration_since(t) <= ttl)
+}
+
+/// Every slot of the model holds a warm conversation: a new one would push one out.
+fn all_slots_warm(state: &ModelState, parallel: usize, now: Instant, ttl: Duration) -> bool {
+    state.slots.len() >= parallel && state.slots.iter().all(|s| is_warm(s, now, ttl))
+}
+
+/// Ollama's choice for a request without a warm prefix: a cold slot if there is one, else
+/// the least recently used idle slot, else the least recently used.
+fn choose_slot(slots: &[Slot], now: Instant, ttl: Duration) -> usize {
+    if let Some(i) = slots.iter().position(|s| !is_warm(s, now, ttl)) {
+        return i;
+    }
+    let lru = |idle_only: bool| {
+        slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !idle_only || s.busy == 0)
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(i, _)| i)
+    };
+    lru(true).or_else(|| lru(false)).unwrap_or(0)
+}
+
+/// The model's size in memory where some node has it loaded, else its size on disk.
+fn model_size(nodes: &[Arc<Node>], model: &str) -> Option<u64> {
+    let inventories: Vec<_> = nodes.iter().map(|n| n.inventory()).collect();
+    let loaded = inventories
+        .iter()
+        .filter_map(|inv| inv.resident.get(model).map(|r| r.size))
+        .max();
+    loaded.or_else(|| {
+        inventories
+            .iter()
+            .filter_map(|inv| inv.on_disk.get(model).copied())
+            .max()
+    })
+}
+
+/// The fleet's best learned speeds for the model, the yardstick of the latency signal.
+fn best_speed(nodes: &[Arc<Node>], model: &str) -> Speed {
+    let mut best = Speed::default();
+    for node in nodes {
+        if let Some(state) = node.models.lock().get(model) {
+            best.prefill = max_opt(best.prefill, state.prefill_tps.get());
+            best.decode = max_opt(best.decode, state.decode_tps.get());
+        }
+    }
+    best
+}
+
+fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NodeConfig;
+    use crate::fleet::{Inventory, Resident};
+    use crate::request::Endpoint;
+    use futures::FutureExt;
+
+    const MODEL: &str = "llama3:8b";
+
+    /// A router over `n` idle nodes that all hold MODEL resident.
+    fn router(n: usize, slots: usize) -> Router {
+        let mut config = Config::default();
+        config.nodes = (0..n)
+            .map(|i| {
+                let mut node = NodeConfig::new(&format!("n{i}"), &format!("http://127.0.0.1:{}", 1000 + i));
+                node.num_parallel = slots;
+                node.memory_gb = Some(24.0);
+                node
+            })
+            .collect();
+        let fleet = Fleet::new(&config).unwrap();
+        fleet.start().now_or_never().unwrap().unwrap();
+        for node in &fleet.nodes {
+            let mut inv = Inventory { polled_at: Some(Instant::now()), ..Default::default() };
+            inv.on_disk.insert(MODEL.into(), 4_700_000_000);
+            inv.resident.insert(
+                MODEL.into(),
+                Resident { size: 5_000_000_000, context_length: Some(8192), expires_at: None },
+            );
+            node.update_inventory(inv);
+        }
+        Router::new(Arc::new(fleet), &config)
+    }
+
+    fn chat(turns: &[&str]) -> Profile {
+        let mut messages = Vec::new();
+        for (i, t) in turns.iter().enumerate() {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            messages.push(serde_json::json!({ "role": role, "content": t }));
+        }
+        let body = serde_json::json!({ "model": MODEL, "messages": messages });
+        Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    }
+
+    /// Sends a request to `node` as the proxy would, and finishes it.
+    fn serve(r: &Router, p: &Profile, node: usize) {
+        let decision = r.decide(p).unwrap();
+        let mut d = r.dispatch(&r.fleet.nodes[node], p);
+        r.commit(&mut d, p, &decision);
+        d.finish(Outcome { ok: true, ..Default::default() });
+    }
+
+    fn total_of(d: &Decision, node: usize) -> f64 {
+        d.ranked.iter().find(|c| c.node.index == node).unwrap().scores.total()
+    }
+
+    #[test]
+    fn worked_example_leads_by_20_then_7_3_then_trails_by_2() {
+        let r = router(2, 4);
+        let first = chat(&["Hello"]);
+        serve(&r, &first, 0);
+        let follow_up = chat(&["Hello", "Hi there", "Tell me more"]);
+
+        let d = r.decide(&follow_up).unwrap();
+        assert_eq!(d.pin.map(|p| p.node), Some(0));
+        assert_eq!(d.affinity_for(0), AffinityResult::Hit);
+        assert!((total_of(&d, 0) - total_of(&d, 1) - 20.0).abs() < 1e-9);
+
+        let other = chat(&["unrelated"]);
+        let _one = r.dispatch(&r.fleet.nodes[0], &other);
+        let d = r.decide(&follow_up).unwrap();
+        let lead = total_of(&d, 0) - total_of(&d, 1);
+        assert!((lead - 7.333).abs() < 0.001, "{lead}");
+        assert_eq!(format!("{lead:.1}"), "7.3");
+
+        let _two = r.dispatch(&r.fleet.nodes[0], &other);
+        let d = r.decide(&follow_up).unwrap();
+        assert!((total_of(&d, 0) - total_of(&d, 1) + 2.0).abs() < 1e-9);
+        assert_eq!(d.ranked[0].node.index, 1, "the idle peer wins at depth two");
+        assert_eq!(d.affinity_for(1), AffinityResult::Miss);
+    }
+
+    #[test]
+    fn new_conversations_avoid_displacing_warm_slots() {
+        let r = router(2, 2);
+        // Fill node 0's two slots with two conversations.
+        serve(&r, &chat(&["a"]), 0);
+        serve(&r, &chat(&["b"]), 0);
+        let d = r.decide(&chat(&["c"])).unwrap();
+        assert_eq!(d.ranked[0].node.index, 1);
+        assert_eq!(d.ranked[1].scores.session_affinity, -Weights::default().slot_displacement);
+        assert_eq!(d.affinity_for(1), AffinityResult::New);
+    }
+
+    #[test]
+    fn displaced_conversation_is_no_longer_pinned() {
+        let r = router(1, 1);
+        serve(&r, &chat(&["a"]), 0);
+        serve(&r, &chat(&["b"]), 0);
+        // "a" lost the node's only slot to "b".
+        let d = r.decide(&chat(&["a", "reply", "more"])).unwrap();
+        assert_eq!(d.pin, None);
+        assert_eq!(d.affinity_for(0), AffinityResult::Miss);
+        // "b" still holds it.
+        let d = r.decide(&chat(&["b", "reply", "more"])).unwrap();
+        assert_eq!(d.pin.map(|p| (p.node, p.continues)), Some((0, true)));
+    }
+
+    #[test]
+    fn unload_seen_by_poller_drops_affinity() {
+        let r = router(2, 2);
+        serve(&r, &chat(&["a"]), 1);
+        assert!(r.decide(&chat(&["a", "x", "y"])).unwrap().pin.is_some());
+        let node = &r.fleet.nodes[1];
+        let mut inv = (*node.inventory()).clone();
+        inv.resident.clear();
+        inv.polled_at = Some(Instant::now());
+        node.update_inventory(inv);
+        let d = r.decide(&chat(&["a", "x", "y"])).unwrap();
+        assert_eq!(d.pin, None);
+        assert!(r.affinity.get(chat(&["a"]).chain.last()).is_none(), "entry dropped");
+    }
+
+    #[test]
+    fn in_flight_is_released_on_drop() {
+        let r = router(1, 2);
+        let p = chat(&["a"]);
+        {
+            let _d = r.dispatch(&r.fleet.nodes[0], &p);
+            assert_eq!(r.fleet.nodes[0].models.lock()[MODEL].in_flight, 1);
+        }
+        assert_eq!(r.fleet.nodes[0].models.lock()[MODEL].in_flight, 0);
+    }
+
+    #[test]
+    fn unknown_model_and_too_large_model_are_refused() {
+        let r = router(2, 2);
+        let body = br#"{"model":"nope","messages":[]}"#;
+        let p = Profile::parse(Endpoint::Chat, body).unwrap();
+        assert_eq!(r.decide(&p).err(), Some(RouteError::ModelNotFound("nope".into())));
+
+        for node in &r.fleet.nodes {
+            let mut inv = (*node.inventory()).clone();
+            inv.on_disk.insert("big:70b".into(), 40_000_000_000);
+            node.update_inventory(inv);
+        }
+        let p = Profile::parse(Endpoint::Chat, br#"{"model":"big:70b","messages":[]}"#).unwrap();
+        assert!(matches!(r.decide(&p), Err(RouteError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn big_model_avoids_small_node() {
+        let mut config = Config::default();
+        let mut small = NodeConfig::new("small", "http://127.0.0.1:1001");
+        small.memory_gb = Some(8.0);
+        let mut big = NodeConfig::new("big", "http://127.0.0.1:1002");
+        big.memory_gb = Some(48.0);
+        config.nodes = vec![small, big];
+        let fleet = Fleet::new(&config).unwrap();
+        fleet.start().now_or_never().unwrap().unwrap();
+        for node in &fleet.nodes {
+            let mut inv = Inventory { polled_at: Some(Instant::now()), ..Default::default() };
+            inv.on_disk.insert("qwen:32b".into(), 20_000_000_000);
+            node.update_inventory(inv);
+        }
+        let r = Router::new(Arc::new(fleet), &config);
+        let p = Profile::parse(Endpoint::Chat, br#"{"model":"qwen:32b","messages":[]}"#).unwrap();
+        let d = r.decide(&p).unwrap();
+        assert_eq!(d.ranked.len(), 1);
+        assert_eq!(d.ranked[0].node.name(), "big");
+    }
+
+    #[test]
+    fn ties_break_the_same_way_every_time() {
+        let a = router(3, 2);
+        let b = router(3, 2);
+        for c in ["x", "y", "z", "w"] {
+            let p = chat(&[c]);
+            let pick = |r: &Router| r.decide(&p).unwrap().ranked[0].node.index;
+            assert_eq!(pick(&a), pick(&b));
+        }
+    }
+}

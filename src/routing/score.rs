@@ -1,0 +1,113 @@
+//! Adding up the signals, ranking the candidates, and explaining the result.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+/// One candidate's score on each signal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Scores {
+    pub model_loaded: f64,
+    pub memory_fit: f64,
+    pub queue_depth: f64,
+    pub latency: f64,
+    pub role_affinity: f64,
+    pub availability: f64,
+    pub context_fit: f64,
+    pub session_affinity: f64,
+}
+
+impl Scores {
+    pub fn total(&self) -> f64 {
+        self.model_loaded
+            + self.memory_fit
+            + self.queue_depth
+            + self.latency
+            + self.role_affinity
+            + self.availability
+            + self.context_fit
+            + self.session_affinity
+    }
+}
+
+/// Orders candidates best first. Equal totals fall back to a hash of the conversation and
+/// the node's name, so that two replicas with the same state choose alike and different
+/// conversations spread across equal nodes.
+pub fn rank<T>(candidates: &mut [T], key: impl Fn(&T) -> (f64, &str), conversation: u64) {
+    let tie = |name: &str| {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&conversation.to_le_bytes());
+        h.update(name.as_bytes());
+        h.digest()
+    };
+    candidates.sort_by(|a, b| {
+        let (sa, na) = key(a);
+        let (sb, nb) = key(b);
+        sb.total_cmp(&sa).then_with(|| tie(nb).cmp(&tie(na)))
+    });
+}
+
+/// The `X-Fleet-Explain` header value: every candidate's signals, best first.
+pub fn explain<'a>(rows: impl Iterator<Item = (&'a str, &'a Scores)>) -> String {
+    let mut out = String::new();
+    for (i, (name, s)) in rows.enumerate() {
+        if i > 0 {
+            out.push_str("; ");
+        }
+        let name: String = name
+            .chars()
+            .map(|c| if c.is_ascii_graphic() && c != ';' { c } else { '_' })
+            .collect();
+        let _ = write!(
+            out,
+            "{name} total={:.1} loaded={:.1} memory={:.1} queue={:.1} latency={:.1} role={:.1} availability={:.1} context={:.1} affinity={:.1}",
+            s.total(),
+            s.model_loaded,
+            s.memory_fit,
+            s.queue_depth,
+            s.latency,
+            s.role_affinity,
+            s.availability,
+            s.context_fit,
+            s.session_affinity
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_by_total_then_stable_hash() {
+        let mut v = vec![("a", 1.0), ("b", 3.0), ("c", 2.0)];
+        rank(&mut v, |x| (x.1, x.0), 42);
+        assert_eq!(v.iter().map(|x| x.0).collect::<String>(), "bca");
+
+        // Ties: same order whatever the input order, for a given conversation.
+        let mut one = vec![("a", 1.0), ("b", 1.0), ("c", 1.0)];
+        let mut two = vec![("c", 1.0), ("a", 1.0), ("b", 1.0)];
+        rank(&mut one, |x| (x.1, x.0), 7);
+        rank(&mut two, |x| (x.1, x.0), 7);
+        assert_eq!(one, two);
+        // Different conversations do not all pick the same node.
+        let firsts: std::collections::HashSet<_> = (0..50u64)
+            .map(|c| {
+                let mut v = vec![("a", 1.0), ("b", 1.0), ("c", 1.0)];
+                rank(&mut v, |x| (x.1, x.0), c);
+                v[0].0
+            })
+            .collect();
+        assert_eq!(firsts.len(), 3);
+    }
+
+    #[test]
+    fn explain_lists_every_signal() {
+        let s = Scores { model_loaded: 50.0, session_affinity: 20.0, ..Default::default() };
+        let text = explain([("desk top", &s), ("b", &Scores::default())].into_iter());
+        assert!(text.starts_with("desk_top total=70.0 loaded=50.0"), "{text}");
+        assert!(text.contains("; b total=0.0"));
+        assert!(text.is_ascii());
+    }
+}

@@ -1,0 +1,63 @@
+//! Assembling the Pingora server: the proxy, its background services, and the metrics
+//! endpoint, from a validated [`Config`].
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use pingora_core::server::Server;
+use pingora_core::server::configuration::{Opt, ServerConf};
+use pingora_core::services::background::background_service;
+
+use crate::config::Config;
+use crate::fleet::{Fleet, Poller};
+use crate::proxy::Corral;
+use crate::routing::Router;
+
+/// Pingora waits this long after SIGTERM by default (300 s): far too long for a router
+/// whose requests are retried by clients anyway. Used unless the config file sets one.
+const GRACE_PERIOD_SECONDS: u64 = 10;
+const GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
+
+/// Builds a ready-to-run server. `opt` carries Pingora's command-line flags (`-c`, `-d`,
+/// `-t`, `-u`); the configuration file named by `-c` is read by both Pingora and corral.
+pub fn build(config: Config, opt: Opt) -> Result<Server, String> {
+    let mut server_conf = match &opt.conf {
+        Some(_) => ServerConf::load_yaml_with_opt_override(&opt).map_err(|e| e.to_string())?,
+        None => ServerConf::new_with_opt_override(&opt).unwrap_or_default(),
+    };
+    server_conf
+        .grace_period_seconds
+        .get_or_insert(GRACE_PERIOD_SECONDS);
+    server_conf
+        .graceful_shutdown_timeout_seconds
+        .get_or_insert(GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS);
+    let mut server = Server::new_with_opt_and_conf(opt, server_conf);
+    server.bootstrap();
+
+    let fleet = Arc::new(Fleet::new(&config)?);
+    // Static discovery resolves at once; it only registers the nodes with the checks.
+    fleet
+        .start()
+        .now_or_never()
+        .unwrap_or_else(|| Err("node discovery did not complete".into()))?;
+    let router = Arc::new(Router::new(fleet.clone(), &config));
+
+    let mut proxy = pingora_proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Corral::new(router, &config),
+        "corral proxy",
+    );
+    proxy.add_tcp(&config.listen);
+    server.add_service(proxy);
+
+    server.add_service(background_service("health checks", fleet.health_service()));
+    let poller = Poller::new(fleet.nodes.clone(), config.poll.interval, config.poll.timeout);
+    server.add_service(background_service("fleet poller", poller));
+
+    if let Some(addr) = &config.metrics_listen {
+        let mut metrics = pingora_prometheus::prometheus_http_service();
+        metrics.add_tcp(addr);
+        server.add_service(metrics);
+    }
+    Ok(server)
+}

@@ -1,0 +1,153 @@
+//! The stand-in's HTTP surface: the route table, the informational endpoints a router polls
+//! (`/`, `/api/version`, `/api/tags`, `/api/ps`, `/api/show`), and the fault injection that
+//! sits in front of every route.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::catalog::{details, digest, show as show_body, tag_entry};
+use super::clock::{far_future_rfc3339, instant_rfc3339};
+use super::config::Fault;
+use super::error::StandinError;
+use super::node::Node;
+use super::parse::json_body;
+use super::residency::Resident;
+use super::server::ConnControl;
+use super::{ollama, openai};
+
+/// Largest request body accepted: long conversations and base64 images are big, and the
+/// router must be tested with bodies far above Pingora's 64 KiB replay buffer.
+const MAX_BODY: usize = 256 << 20;
+
+/// The version string `/api/version` reports.
+const VERSION: &str = "0.5.7-standin";
+
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/", get(root))
+        .route("/api/version", get(version))
+        .route("/api/tags", get(tags))
+        .route("/api/ps", get(ps))
+        .route("/api/show", post(show))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed_handler))
+        .route("/api/embeddings", post(ollama::embeddings_handler))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(Arc::clone(&node), faults))
+        .with_state(node)
+}
+
+/// Applies the node's current fault to a new request.
+async fn faults(
+    State(node): State<Arc<Node>>,
+    conn: Option<Extension<ConnControl>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match node.fault() {
+        Fault::Hang => hang(&node, conn.map(|Extension(c)| c), req).await,
+        Fault::Status(code) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            StandinError::new(status, "injected fault").ollama()
+        }
+        Fault::None | Fault::CutMidStream(_) => next.run(req).await,
+    }
+}
+
+/// Reads the request, then answers nothing until the fault changes; then closes the
+/// connection, as a server that was stuck and gave up would.
+async fn hang(node: &Node, conn: Option<ConnControl>, req: Request) -> Response {
+    let _ = axum::body::to_bytes(req.into_body(), MAX_BODY).await;
+    node.hang_released().await;
+    match conn {
+        Some(conn) => {
+            conn.close();
+            std::future::pending().await
+        }
+        None => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+async fn root() -> &'static str {
+    "Ollama is running"
+}
+
+async fn version() -> Json<Value> {
+    Json(json!({ "version": VERSION }))
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "404 page not found")
+}
+
+/// `/api/tags`: the models on disk.
+async fn tags(State(node): State<Arc<Node>>) -> Json<Value> {
+    let models: Vec<Value> = node.cfg.models.iter().map(tag_entry).collect();
+    Json(json!({ "models": models }))
+}
+
+/// `/api/ps`: the resident models, most recently used first.
+async fn ps(State(node): State<Arc<Node>>) -> Json<Value> {
+    let models = node.residency.with_ready(|resident| {
+        let mut resident = resident.to_vec();
+        resident.sort_by_key(|r| std::cmp::Reverse(r.last_used));
+        resident.into_iter().map(ps_entry).collect::<Vec<_>>()
+    });
+    Json(json!({ "models": models }))
+}
+
+fn ps_entry(r: &Resident) -> Value {
+    let expires_at = match r.expires_at() {
+        Some(at) => instant_rfc3339(at),
+        None => far_future_rfc3339(),
+    };
+    json!({
+        "name": r.model.name,
+        "model": r.model.name,
+        "size": r.model.size_bytes,
+        "digest": digest(&r.model),
+        "details": details(&r.model),
+        "expires_at": expires_at,
+        "size_vram": r.model.size_bytes,
+        "context_length": r.context,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+struct ShowRequest {
+    model: Option<String>,
+    /// Older clients (and `ollama-rs`) send `name`.
+    name: Option<String>,
+}
+
+/// `/api/show`: details of a model on disk.
+async fn show(State(node): State<Arc<Node>>, body: Bytes) -> Response {
+    let req: ShowRequest = match json_body(&body) {
+        Ok(req) => req,
+        Err(e) => return e.ollama(),
+    };
+    let Some(name) = req.model.or(req.name).filter(|n| !n.is_empty()) else {
+        return StandinError::bad_request("model is required").ollama();
+    };
+    match node.cfg.model(&name) {
+        Some(model) => Json(show_body(model)).into_response(),
+        None => StandinError::new(StatusCode::NOT_FOUND, format!("model '{name}' not found"))
+            .ollama(),
+    }
+}

@@ -1,0 +1,116 @@
+//! The state one stand-in node keeps across requests (and across stop/restart): its
+//! configuration, resident models, current fault and the log of served requests.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::ServedRequest;
+use super::config::{Fault, StandinConfig, StandinModel};
+use super::error::StandinError;
+use super::residency::{KeepAlive, Residency, Want};
+
+/// Shared by every handler of one node.
+#[derive(Debug)]
+pub struct Node {
+    pub cfg: StandinConfig,
+    pub residency: Arc<Residency>,
+    fault: watch::Sender<Fault>,
+    log: Mutex<Vec<ServedRequest>>,
+    ids: AtomicU64,
+}
+
+/// What kind of work a request asks of a model, to refuse chat with an embedding model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capability {
+    Chat,
+    Generate,
+    Embed,
+}
+
+impl Node {
+    pub fn new(cfg: StandinConfig) -> Result<Arc<Self>, StandinError> {
+        let residency = Residency::new(cfg.clone())?;
+        Ok(Arc::new(Node {
+            cfg,
+            residency,
+            fault: watch::Sender::new(Fault::None),
+            log: Mutex::new(Vec::new()),
+            ids: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn fault(&self) -> Fault {
+        *self.fault.borrow()
+    }
+
+    pub fn set_fault(&self, fault: Fault) {
+        self.fault.send_replace(fault);
+    }
+
+    /// Resolves once the node is no longer hung.
+    pub async fn hang_released(&self) {
+        let mut rx = self.fault.subscribe();
+        // The sender lives as long as the node, so this only ends when the fault changes.
+        let _ = rx.wait_for(|f| *f != Fault::Hang).await;
+    }
+
+    /// The model on disk that a request names, checked for the capability it needs.
+    pub fn model_for(&self, name: &str, need: Capability) -> Result<StandinModel, StandinError> {
+        let model = self
+            .cfg
+            .model(name)
+            .cloned()
+            .ok_or_else(|| StandinError::model_not_found(name))?;
+        match need {
+            Capability::Chat if model.is_embedding_only() => {
+                Err(StandinError::unsupported(&model.name, "chat"))
+            }
+            Capability::Generate if model.is_embedding_only() => {
+                Err(StandinError::unsupported(&model.name, "generate"))
+            }
+            _ => Ok(model),
+        }
+    }
+
+    /// What a request needs from residency: the model, with the request's `num_ctx` or the
+    /// model's default (so a request without `num_ctx` after one with it reloads, as in
+    /// Ollama), kept alive as the request asks or for the node's default.
+    pub fn want(
+        &self,
+        model: StandinModel,
+        num_ctx: Option<u32>,
+        keep_alive: Option<KeepAlive>,
+    ) -> Want {
+        Want {
+            context: num_ctx.unwrap_or(model.context_length),
+            keep_alive: keep_alive.unwrap_or(KeepAlive::For(self.cfg.keep_alive)),
+            model,
+        }
+    }
+
+    pub fn record(&self, served: ServedRequest) {
+        log::debug!(
+            "{}: {} {} prompt={} cached={} cold={} slot={}",
+            self.cfg.name,
+            served.endpoint,
+            served.model,
+            served.prompt_tokens,
+            served.cached_tokens,
+            served.cold_load,
+            served.slot
+        );
+        self.log.lock().push(served);
+    }
+
+    pub fn log(&self) -> Vec<ServedRequest> {
+        self.log.lock().clone()
+    }
+
+    /// A number for response ids (`chatcmpl-N`), unique within the node.
+    pub fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}

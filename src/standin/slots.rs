@@ -1,0 +1,224 @@
+//! The parallel slots of one loaded model, each holding the KV state of one rendered prefix.
+//!
+//! This is the behaviour the router exploits: a request reuses the slot with the longest
+//! common prefix, so a conversation stays warm until enough other conversations have taken
+//! its slot. When every slot is busy, requests queue in arrival order, as Ollama's scheduler
+//! does.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::prompt::{common_prefix_tokens, tokens_in};
+
+/// One slot: the rendered text whose KV state it holds.
+#[derive(Clone, Debug, Default)]
+pub struct Slot {
+    pub text: Vec<u8>,
+    pub busy: bool,
+    /// Logical time of last use, for least-recently-used choice.
+    pub last_used: u64,
+}
+
+/// The slot a request should take and the whole tokens it shares with that slot.
+///
+/// Among free slots, the longest common prefix wins (the earliest slot on ties); when no
+/// free slot shares a token, the least recently used free slot is taken. `None` when every
+/// slot is busy.
+pub fn choose_slot(slots: &[Slot], prompt: &[u8]) -> Option<(usize, u32)> {
+    let free = || slots.iter().enumerate().filter(|(_, s)| !s.busy);
+    let best = free()
+        .map(|(i, s)| (i, common_prefix_tokens(&s.text, prompt)))
+        .max_by_key(|&(i, common)| (common, std::cmp::Reverse(i)))?;
+    if best.1 > 0 {
+        return Some(best);
+    }
+    free()
+        .min_by_key(|&(i, s)| (s.last_used, i))
+        .map(|(i, _)| (i, 0))
+}
+
+/// Prompt tokens a request can skip: the shared prefix, except that at least one token is
+/// always evaluated (llama.cpp needs logits for the last prompt token).
+pub fn cached_tokens(common: u32, prompt_tokens: u32) -> u32 {
+    common.min(prompt_tokens.saturating_sub(1))
+}
+
+/// All slots of one loaded model. A new table (all slots empty) comes with every load, which
+/// is how unloading clears the cache.
+#[derive(Debug)]
+pub struct SlotTable {
+    /// One permit per slot; tokio's semaphore is fair, which gives the FIFO queue.
+    permits: Arc<Semaphore>,
+    slots: Mutex<Vec<Slot>>,
+    clock: AtomicU64,
+}
+
+impl SlotTable {
+    pub fn new(num_parallel: usize) -> Self {
+        let n = num_parallel.max(1);
+        SlotTable {
+            permits: Arc::new(Semaphore::new(n)),
+            slots: Mutex::new(vec![Slot::default(); n]),
+            clock: AtomicU64::new(0),
+        }
+    }
+
+    /// Waits for a free slot (first come, first served), then takes the best one for
+    /// `prompt`. The slot holds the prompt from now on; [`SlotLease::finish`] adds the reply.
+    pub async fn acquire(self: &Arc<Self>, prompt: &[u8]) -> SlotLease {
+        let permit = match Arc::clone(&self.permits).acquire_owned().await {
+            Ok(permit) => Some(permit),
+            // The semaphore is never closed; without a permit the slot search still works.
+            Err(_) => None,
+        };
+        let mut slots = self.slots.lock();
+        let (index, common) = choose_slot(&slots, prompt).unwrap_or((0, 0));
+        let slot = &mut slots[index];
+        slot.busy = true;
+        slot.last_used = self.tick();
+        slot.text = prompt.to_vec();
+        SlotLease {
+            table: Arc::clone(self),
+            index,
+            cached_tokens: cached_tokens(common, tokens_in(prompt.len())),
+            _permit: permit,
+        }
+    }
+
+    /// Copies of the slots, for tests and diagnostics.
+    #[cfg(test)]
+    pub fn snapshot(&self) -> Vec<Slot> {
+        self.slots.lock().clone()
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// A request's hold on one slot; dropping it frees the slot (also when a client disconnects
+/// or the node stops mid-reply).
+#[derive(Debug)]
+pub struct SlotLease {
+    table: Arc<SlotTable>,
+    index: usize,
+    cached_tokens: u32,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl SlotLease {
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    pub fn cached_tokens(&self) -> u32 {
+        self.cached_tokens
+    }
+
+    /// Records what the slot holds after generation: the prompt plus the reply as the next
+    /// turn would render it.
+    pub fn finish(&self, held: Vec<u8>) {
+        self.table.slots.lock()[self.index].text = held;
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        let tick = self.table.tick();
+        let mut slots = self.table.slots.lock();
+        let slot = &mut slots[self.index];
+        slot.busy = false;
+        slot.last_used = tick;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(text: &str, busy: bool, last_used: u64) -> Slot {
+        Slot {
+            text: text.as_bytes().to_vec(),
+            busy,
+            last_used,
+        }
+    }
+
+    #[test]
+    fn longest_common_prefix_wins() {
+        let slots = [
+            slot("aaaabbbb", false, 1),
+            slot("aaaabbbbcccc", false, 2),
+            slot("zzzz", false, 0),
+        ];
+        assert_eq!(choose_slot(&slots, b"aaaabbbbccccdddd"), Some((1, 3)));
+    }
+
+    #[test]
+    fn busy_slots_are_skipped_even_with_the_best_prefix() {
+        let slots = [slot("aaaabbbb", true, 1), slot("aaaa", false, 2)];
+        assert_eq!(choose_slot(&slots, b"aaaabbbb"), Some((1, 1)));
+    }
+
+    #[test]
+    fn without_a_shared_token_the_least_recently_used_free_slot_is_taken() {
+        let slots = [
+            slot("xxxx", false, 5),
+            slot("yyyy", true, 1),
+            slot("zzzz", false, 3),
+        ];
+        assert_eq!(choose_slot(&slots, b"aaaa"), Some((2, 0)));
+    }
+
+    #[test]
+    fn a_partial_token_is_no_prefix() {
+        let slots = [slot("aab", false, 5), slot("", false, 1)];
+        assert_eq!(choose_slot(&slots, b"aabbcc"), Some((1, 0)));
+    }
+
+    #[test]
+    fn all_busy_means_no_slot() {
+        let slots = [slot("a", true, 0), slot("b", true, 0)];
+        assert_eq!(choose_slot(&slots, b"a"), None);
+    }
+
+    #[test]
+    fn at_least_one_prompt_token_is_evaluated() {
+        assert_eq!(cached_tokens(10, 10), 9);
+        assert_eq!(cached_tokens(12, 10), 9);
+        assert_eq!(cached_tokens(4, 10), 4);
+        assert_eq!(cached_tokens(0, 0), 0);
+    }
+
+    #[tokio::test]
+    async fn leases_hold_the_prompt_and_release_the_slot() {
+        let table = Arc::new(SlotTable::new(2));
+        let lease = table.acquire(b"aaaabbbb").await;
+        assert_eq!((lease.index(), lease.cached_tokens()), (0, 0));
+        lease.finish(b"aaaabbbbREPLY".to_vec());
+        drop(lease);
+
+        let again = table.acquire(b"aaaabbbbREPLYmore").await;
+        assert_eq!((again.index(), again.cached_tokens()), (0, 3));
+        let other = table.acquire(b"qqqq").await;
+        assert_eq!(other.index(), 1);
+        assert!(table.snapshot().iter().all(|s| s.busy));
+    }
+
+    #[tokio::test]
+    async fn a_full_table_queues_until_a_slot_frees() {
+        let table = Arc::new(SlotTable::new(1));
+        let first = table.acquire(b"aaaa").await;
+        let waiter = {
+            let table = Arc::clone(&table);
+            tokio::spawn(async move { table.acquire(b"aaaabbbb").await.cached_tokens() })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(first);
+        assert_eq!(waiter.await.ok(), Some(1));
+    }
+}

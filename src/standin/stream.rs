@@ -1,0 +1,129 @@
+//! Decoding: output tokens leave one every `decode_per_token`, each as its own body chunk
+//! flushed as it is produced, so a proxy in front sees time to first token and streaming
+//! exactly as with a real Ollama. Also where a `CutMidStream` fault breaks the body.
+//!
+//! The body is a lazy stream that owns the generation: if the client goes away or the node
+//! stops, hyper drops the stream and with it the slot and model leases.
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::generate::Generation;
+use super::wire::Wire;
+
+/// Pause before breaking a body, so the chunks sent before the cut reach the client.
+const CUT_FLUSH_DELAY: Duration = Duration::from_millis(5);
+
+/// The response for a prepared generation, streamed or whole.
+pub async fn respond(generation: Generation) -> Response {
+    let content_type = generation.wire.content_type(generation.stream);
+    let body = if generation.stream {
+        streamed_body(generation)
+    } else {
+        whole_body(generation).await
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::OK;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// A non-streamed reply: decode all tokens, then send one JSON object (headers included
+/// only then, as Ollama does).
+async fn whole_body(generation: Generation) -> Body {
+    tokio::time::sleep(generation.stats.eval_duration).await;
+    let cut_after = generation.cut_after;
+    let wire = generation.wire.clone();
+    let text = generation.tokens.concat();
+    let stats = generation.finish();
+    let pieces = cut_whole(wire.whole(&text, &stats), cut_after);
+    Body::from_stream(futures::stream::iter(pieces))
+}
+
+/// The pieces of a whole reply: all of it, or, under a cut fault, half of it (nothing for
+/// a cut after 0 chunks) followed by the error that makes hyper drop the connection.
+fn cut_whole(json: Bytes, cut_after: Option<u32>) -> Vec<io::Result<Bytes>> {
+    match cut_after {
+        None => vec![Ok(json)],
+        Some(0) => vec![Err(cut_error())],
+        Some(_) => vec![Ok(json.slice(..json.len() / 2)), Err(cut_error())],
+    }
+}
+
+/// A streamed reply: one chunk per token, then the trailer chunks.
+fn streamed_body(generation: Generation) -> Body {
+    let decoder = Decoder {
+        wire: generation.wire.clone(),
+        cut_after: generation.cut_after,
+        next_token_at: Instant::now() + generation.decode_per_token,
+        generation: Some(generation),
+        next: 0,
+        tail: VecDeque::new(),
+        sent: 0,
+        broken: false,
+    };
+    Body::from_stream(futures::stream::unfold(decoder, Decoder::step))
+}
+
+/// State of a streamed reply between chunks.
+struct Decoder {
+    wire: Wire,
+    generation: Option<Generation>,
+    /// Index of the next token to send.
+    next: usize,
+    /// Deadline of the next token, so timing does not drift with scheduling delays.
+    next_token_at: Instant,
+    /// Trailer chunks still to send once decoding is over.
+    tail: VecDeque<Bytes>,
+    sent: u32,
+    cut_after: Option<u32>,
+    broken: bool,
+}
+
+impl Decoder {
+    async fn step(mut self) -> Option<(io::Result<Bytes>, Self)> {
+        if self.broken {
+            return None;
+        }
+        if self.cut_after == Some(self.sent) {
+            tokio::time::sleep(CUT_FLUSH_DELAY).await;
+            self.generation = None;
+            self.broken = true;
+            return Some((Err(cut_error()), self));
+        }
+        let chunk = self.next_chunk().await?;
+        self.sent += 1;
+        Some((Ok(chunk), self))
+    }
+
+    /// The next token once its decode time has come, else the next trailer chunk.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if let Some(generation) = &self.generation {
+            if let Some(token) = generation.tokens.get(self.next) {
+                let chunk = self.wire.token(token);
+                tokio::time::sleep_until(self.next_token_at).await;
+                self.next += 1;
+                self.next_token_at += generation.decode_per_token;
+                return Some(chunk);
+            }
+            if let Some(generation) = self.generation.take() {
+                let stats = generation.finish();
+                self.tail = self.wire.trailer(&stats).into();
+            }
+        }
+        self.tail.pop_front()
+    }
+}
+
+fn cut_error() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "injected fault: cut mid-stream")
+}

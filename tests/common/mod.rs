@@ -1,0 +1,196 @@
+//! Test harness: the real `corral` binary in front of stand-in nodes, all on loopback ports
+//! picked at run time, all stopped when the test ends.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral::standin::{StandinConfig, StandinModel, StandinNode};
+
+pub const MODEL: &str = "llama3:8b";
+
+/// A running `corral` process. Killed on drop.
+pub struct Router {
+    child: Child,
+    pub addr: SocketAddr,
+    _config: tempfile::NamedTempFile,
+}
+
+/// A node entry for the router's config.
+pub struct NodeSpec {
+    pub name: String,
+    pub url: String,
+    pub memory_gb: Option<f64>,
+    pub num_parallel: usize,
+    pub roles: Vec<String>,
+}
+
+impl NodeSpec {
+    pub fn of(node: &StandinNode, num_parallel: usize) -> NodeSpec {
+        NodeSpec {
+            name: node.name().to_string(),
+            url: node.url(),
+            memory_gb: None,
+            num_parallel,
+            roles: Vec::new(),
+        }
+    }
+
+    pub fn memory(mut self, gb: f64) -> NodeSpec {
+        self.memory_gb = Some(gb);
+        self
+    }
+
+    pub fn role(mut self, role: &str) -> NodeSpec {
+        self.roles.push(role.to_string());
+        self
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Router {
+    /// Starts corral with these nodes and extra YAML (top-level keys), and waits until it
+    /// has polled every node.
+    pub async fn start(nodes: Vec<NodeSpec>, extra_yaml: &str) -> Router {
+        let port = free_port();
+        let mut yaml = format!(
+            "listen: 127.0.0.1:{port}\nmetrics_listen: null\nadmin_listen: null\nthreads: 1\n\
+             grace_period_seconds: 0\ngraceful_shutdown_timeout_seconds: 1\n\
+             pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n\
+             poll:\n  interval: 100ms\n  timeout: 1s\n"
+        );
+        if !extra_yaml.contains("health:") {
+            yaml.push_str("health:\n  interval: 500ms\n");
+        }
+        yaml.push_str(extra_yaml);
+        yaml.push_str("\nnodes:\n");
+        for n in &nodes {
+            yaml.push_str(&format!(
+                "  - name: {}\n    url: {}\n    num_parallel: {}\n",
+                n.name, n.url, n.num_parallel
+            ));
+            if let Some(gb) = n.memory_gb {
+                yaml.push_str(&format!("    memory_gb: {gb}\n"));
+            }
+            if !n.roles.is_empty() {
+                yaml.push_str(&format!("    roles: [{}]\n", n.roles.join(", ")));
+            }
+        }
+        let mut file = tempfile::NamedTempFile::new().expect("temp config");
+        file.write_all(yaml.as_bytes()).expect("write config");
+        let child = Command::new(env!("CARGO_BIN_EXE_corral"))
+            .arg("-c")
+            .arg(file.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("corral starts");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let router = Router {
+            child,
+            addr,
+            _config: file,
+        };
+        router.wait_listening();
+        router.wait_polled(nodes.len()).await;
+        router
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(self.addr).is_err() {
+            assert!(Instant::now() < deadline, "corral did not start listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until /api/version answers for every node polled: a poll has completed.
+    async fn wait_polled(&self, _nodes: usize) {
+        // Two poll intervals after start, every node has been read at least once.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A stand-in node config with fast, test-sized timings.
+pub fn fast_node(name: &str) -> StandinConfig {
+    let mut c = StandinConfig::new(name);
+    c.prefill_per_token = Duration::from_micros(5);
+    c.decode_per_token = Duration::from_millis(1);
+    c.load_time = Duration::from_millis(50);
+    c.reply_tokens = 4;
+    c
+}
+
+pub fn model(name: &str, gb: f64) -> StandinModel {
+    StandinModel::new(name, (gb * 1e9) as u64, 8192)
+}
+
+pub async fn start(cfg: StandinConfig) -> StandinNode {
+    StandinNode::start(cfg, "127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("stand-in starts")
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A chat body: alternating user/assistant turns.
+pub fn chat_body(turns: &[String], stream: bool) -> serde_json::Value {
+    let messages: Vec<_> = turns
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            serde_json::json!({ "role": role, "content": t })
+        })
+        .collect();
+    serde_json::json!({ "model": MODEL, "messages": messages, "stream": stream })
+}
+
+/// Sends a non-streamed chat and returns (node, affinity, reply text).
+pub async fn chat(router: &Router, turns: &[String]) -> (String, String, String) {
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .json(&chat_body(turns, false))
+        .send()
+        .await
+        .expect("chat reply");
+    assert_eq!(resp.status(), 200);
+    let node = header(&resp, "x-fleet-node");
+    let affinity = header(&resp, "x-fleet-affinity");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let text = body["message"]["content"].as_str().unwrap_or_default().to_string();
+    (node, affinity, text)
+}
+
+pub fn header(resp: &reqwest::Response, name: &str) -> String {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
