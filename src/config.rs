@@ -110,7 +110,7 @@ impl Default for Weights {
             availability: 10.0,
             context_fit: 5.0,
             session_affinity: 20.0,
-            slot_displacement: 4.0,
+            slot_displacement: 8.0,
         }
     }
 }

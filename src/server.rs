@@ -20,7 +20,7 @@ const GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
 
 /// Builds a ready-to-run server. `opt` carries Pingora's command-line flags (`-c`, `-d`,
 /// `-t`, `-u`); the configuration file named by `-c` is read by both Pingora and corral.
-pub fn build(config: Config, opt: Opt) -> Result<Server, String> {
+pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     let mut server_conf = match &opt.conf {
         Some(_) => ServerConf::load_yaml_with_opt_override(&opt).map_err(|e| e.to_string())?,
         None => ServerConf::new_with_opt_override(&opt).unwrap_or_default(),
@@ -31,6 +31,8 @@ pub fn build(config: Config, opt: Opt) -> Result<Server, String> {
     server_conf
         .graceful_shutdown_timeout_seconds
         .get_or_insert(GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS);
+    // The file is read; Pingora would only warn that it ignores the path.
+    opt.conf = None;
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
 

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -102,7 +102,44 @@ pub struct Node {
     pub inventory: ArcSwap<Inventory>,
     pub models: Mutex<HashMap<String, ModelState>>,
     /// Recent ratio of replies that were not failures (1.0 = all good).
-    pub success: Mutex<Ewma>,
+    pub success: Mutex<SuccessRatio>,
+}
+
+/// A node's recent success ratio. It starts at 1 (no evidence against a node) and drifts
+/// back to 1 with time, so a node that failed and recovered is not shunned for ever while
+/// its peers take all the traffic it would need to prove itself.
+#[derive(Clone, Copy, Debug)]
+pub struct SuccessRatio {
+    value: f64,
+    at: Instant,
+}
+
+impl SuccessRatio {
+    const ALPHA: f64 = 0.2;
+    /// Time for half of a shortfall to be forgiven.
+    const HALF_LIFE: Duration = Duration::from_secs(30);
+
+    pub fn new() -> SuccessRatio {
+        SuccessRatio { value: 1.0, at: Instant::now() }
+    }
+
+    pub fn get(&self, now: Instant) -> f64 {
+        let halves = now.duration_since(self.at).as_secs_f64() / Self::HALF_LIFE.as_secs_f64();
+        1.0 - (1.0 - self.value) * 0.5f64.powf(halves)
+    }
+
+    pub fn record(&mut self, ok: bool, now: Instant) {
+        let current = self.get(now);
+        let sample = if ok { 1.0 } else { 0.0 };
+        self.value = current + Self::ALPHA * (sample - current);
+        self.at = now;
+    }
+}
+
+impl Default for SuccessRatio {
+    fn default() -> Self {
+        SuccessRatio::new()
+    }
 }
 
 impl Node {
@@ -116,7 +153,7 @@ impl Node {
             backend,
             inventory: ArcSwap::from_pointee(Inventory::default()),
             models: Mutex::new(HashMap::new()),
-            success: Mutex::new(Ewma::default()),
+            success: Mutex::new(SuccessRatio::new()),
         })
     }
 
@@ -129,11 +166,11 @@ impl Node {
     }
 
     pub fn success_ratio(&self) -> f64 {
-        self.success.lock().get().unwrap_or(1.0)
+        self.success.lock().get(Instant::now())
     }
 
     pub fn record_outcome(&self, ok: bool) {
-        self.success.lock().record(if ok { 1.0 } else { 0.0 });
+        self.success.lock().record(ok, Instant::now());
     }
 
     /// Installs a fresh inventory. Slots of models that the node no longer holds are
@@ -175,6 +212,18 @@ mod tests {
         assert_eq!(e.get(), Some(80.0));
         e.record(f64::NAN);
         assert_eq!(e.get(), Some(80.0));
+    }
+
+    #[test]
+    fn success_ratio_falls_on_failure_and_heals_with_time() {
+        let t0 = Instant::now();
+        let mut r = SuccessRatio::new();
+        assert_eq!(r.get(t0), 1.0);
+        r.record(false, t0);
+        assert!((r.get(t0) - 0.8).abs() < 1e-9);
+        assert!((r.get(t0 + SuccessRatio::HALF_LIFE) - 0.9).abs() < 1e-9);
+        r.record(true, t0);
+        assert!(r.get(t0) > 0.8);
     }
 
     #[test]

@@ -18,6 +18,19 @@ pub struct Scores {
 }
 
 impl Scores {
+    fn map(&self, f: impl Fn(f64) -> f64) -> Scores {
+        Scores {
+            model_loaded: f(self.model_loaded),
+            memory_fit: f(self.memory_fit),
+            queue_depth: f(self.queue_depth),
+            latency: f(self.latency),
+            role_affinity: f(self.role_affinity),
+            availability: f(self.availability),
+            context_fit: f(self.context_fit),
+            session_affinity: f(self.session_affinity),
+        }
+    }
+
     pub fn total(&self) -> f64 {
         self.model_loaded
             + self.memory_fit
@@ -58,6 +71,8 @@ pub fn explain<'a>(rows: impl Iterator<Item = (&'a str, &'a Scores)>) -> String 
             .chars()
             .map(|c| if c.is_ascii_graphic() && c != ';' { c } else { '_' })
             .collect();
+        // Adding zero turns a negative zero ("-0.0") into a plain one.
+        let s = s.map(|x| x + 0.0);
         let _ = write!(
             out,
             "{name} total={:.1} loaded={:.1} memory={:.1} queue={:.1} latency={:.1} role={:.1} availability={:.1} context={:.1} affinity={:.1}",
@@ -109,5 +124,7 @@ mod tests {
         assert!(text.starts_with("desk_top total=70.0 loaded=50.0"), "{text}");
         assert!(text.contains("; b total=0.0"));
         assert!(text.is_ascii());
+        let negative_zero = Scores { queue_depth: -0.0, ..Default::default() };
+        assert!(explain([("a", &negative_zero)].into_iter()).contains("queue=0.0"));
     }
 }

@@ -244,7 +244,7 @@ mod tests {
         assert_eq!(session_affinity(Warmth::HoldsPrefix, 0, &w()), 20.0);
         assert!((session_affinity(Warmth::HoldsPrefix, 1, &w()) - 13.333).abs() < 0.01);
         assert_eq!(session_affinity(Warmth::HoldsPrefix, 2, &w()), 10.0);
-        assert_eq!(session_affinity(Warmth::WouldDisplace, 0, &w()), -4.0);
+        assert_eq!(session_affinity(Warmth::WouldDisplace, 0, &w()), -8.0);
         assert_eq!(session_affinity(Warmth::Free, 5, &w()), 0.0);
     }
 }

@@ -147,7 +147,8 @@ async fn show(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     };
     match node.cfg.model(&name) {
         Some(model) => Json(show_body(model)).into_response(),
-        None => StandinError::new(StatusCode::NOT_FOUND, format!("model '{name}' not found"))
-            .ollama(),
+        None => {
+            StandinError::new(StatusCode::NOT_FOUND, format!("model '{name}' not found")).ollama()
+        }
     }
 }

@@ -83,7 +83,9 @@ impl StandinConfig {
     /// The model on disk with this name (`:latest` implied when the name has no tag).
     pub(crate) fn model(&self, name: &str) -> Option<&StandinModel> {
         let wanted = normalize_name(name);
-        self.models.iter().find(|m| normalize_name(&m.name) == wanted)
+        self.models
+            .iter()
+            .find(|m| normalize_name(&m.name) == wanted)
     }
 }
 

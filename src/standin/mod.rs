@@ -5,20 +5,20 @@
 //!
 //! - **Models and memory.** Models on disk have sizes; resident models must fit the node's
 //!   memory. A request for a model that is not resident waits `load_time` after the least
-//!   recently used idle models are evicted ([`residency`]). Idle models unload after
+//!   recently used idle models are evicted (`residency`). Idle models unload after
 //!   `keep_alive`; a different `num_ctx` reloads.
 //! - **Slots and prefix caching.** Each resident model has `num_parallel` slots holding the
 //!   rendered text of their last request and reply; a request takes the slot sharing the
-//!   longest prefix and only pays prefill for the rest ([`slots`], [`prompt`]).
+//!   longest prefix and only pays prefill for the rest (`slots`, `prompt`).
 //! - **Timing.** Prefill costs `prefill_per_token` per uncached prompt token, then output
-//!   tokens stream one every `decode_per_token`, each flushed as its own chunk ([`stream`]).
+//!   tokens stream one every `decode_per_token`, each flushed as its own chunk (`stream`).
 //! - **Wire formats.** Ollama's native API and its OpenAI-compatible `/v1` API, in the shapes
-//!   the `ollama-rs` and `async-openai` crates parse ([`wire`], [`ollama`], [`openai`]).
+//!   the `ollama-rs` and `async-openai` crates parse (`wire`, `ollama`, `openai`).
 //! - **Faults.** Hanging, cutting streams and failing with a status on command, and
-//!   stopping/restarting the listener with connections aborted ([`server`]).
+//!   stopping/restarting the listener with connections aborted (`server`).
 //!
-//! The request path: [`api`] routes, [`ollama`]/[`openai`] parse a body into a job,
-//! [`generate`] resolves the model, takes a slot and prefills, [`stream`] decodes.
+//! The request path: `api` routes, `ollama`/`openai` parse a body into a job,
+//! `generate` resolves the model, takes a slot and prefills, `stream` decodes.
 
 mod api;
 mod catalog;

@@ -110,7 +110,12 @@ fn chat_request(body: &[u8]) -> Result<Native, StandinError> {
     let keep_alive = keep_alive(req.keep_alive.as_ref())?;
     let messages = req.messages.unwrap_or_default();
     if messages.is_empty() {
-        return Ok(load_only_request(Api::OllamaChat, model, &options, keep_alive));
+        return Ok(load_only_request(
+            Api::OllamaChat,
+            model,
+            &options,
+            keep_alive,
+        ));
     }
     let turns: Vec<Turn> = messages.into_iter().map(turn).collect();
     Ok(Native::Generate(job(
@@ -131,7 +136,12 @@ fn generate_request(body: &[u8]) -> Result<Native, StandinError> {
     let prompt = req.prompt.unwrap_or_default();
     let images = req.images.unwrap_or_default();
     if prompt.is_empty() && images.is_empty() {
-        return Ok(load_only_request(Api::OllamaGenerate, model, &options, keep_alive));
+        return Ok(load_only_request(
+            Api::OllamaGenerate,
+            model,
+            &options,
+            keep_alive,
+        ));
     }
     let render = render_completion(req.system.as_deref(), &prompt, &images);
     Ok(Native::Generate(job(
@@ -248,7 +258,11 @@ pub async fn embeddings_handler(State(node): State<Arc<Node>>, body: Bytes) -> R
         let job = EmbedJob {
             path: "/api/embeddings",
             model: required_model(req.model)?,
-            inputs: if prompt.is_empty() { vec![] } else { vec![prompt] },
+            inputs: if prompt.is_empty() {
+                vec![]
+            } else {
+                vec![prompt]
+            },
             num_ctx: options.context(),
             keep_alive: keep_alive(req.keep_alive.as_ref())?,
         };
@@ -294,7 +308,10 @@ mod tests {
             panic!("expected a generation");
         };
         assert_eq!(job.model, "m");
-        assert_eq!((job.num_ctx, job.max_tokens, job.stream), (Some(4096), Some(3), false));
+        assert_eq!(
+            (job.num_ctx, job.max_tokens, job.stream),
+            (Some(4096), Some(3), false)
+        );
         assert!(job.prompt.starts_with(b"<|user|>"));
         assert!(job.prompt.ends_with(b"hi\n"));
     }
@@ -321,8 +338,14 @@ mod tests {
 
     #[test]
     fn embed_inputs_are_strings() {
-        assert_eq!(string_inputs(Some(json!("a"))).ok(), Some(vec!["a".to_string()]));
-        assert_eq!(string_inputs(Some(json!(["a", "b"]))).map(|v| v.len()).ok(), Some(2));
+        assert_eq!(
+            string_inputs(Some(json!("a"))).ok(),
+            Some(vec!["a".to_string()])
+        );
+        assert_eq!(
+            string_inputs(Some(json!(["a", "b"]))).map(|v| v.len()).ok(),
+            Some(2)
+        );
         assert!(string_inputs(Some(json!([1]))).is_err());
     }
 }

@@ -151,7 +151,9 @@ fn turn(m: Message) -> Turn {
 
 fn add_part(t: &mut Turn, part: &Value) {
     match part["type"].as_str() {
-        Some("text") => t.content.push_str(part["text"].as_str().unwrap_or_default()),
+        Some("text") => t
+            .content
+            .push_str(part["text"].as_str().unwrap_or_default()),
         Some("image_url") => {
             let url = &part["image_url"];
             let url = url["url"].as_str().or(url.as_str()).unwrap_or_default();
@@ -217,7 +219,9 @@ mod tests {
             {"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"data:x"}}]}],
             "stream":true,"stream_options":{"include_usage":true},"max_tokens":4}"#;
         let job = chat_job(body).map_err(|e| e.message);
-        let job = job.as_ref().map(|j| (j.stream, j.include_usage, j.max_tokens));
+        let job = job
+            .as_ref()
+            .map(|j| (j.stream, j.include_usage, j.max_tokens));
         assert_eq!(job, Ok((true, true, Some(4))));
 
         let native = render_chat(&[Turn {
@@ -231,7 +235,10 @@ mod tests {
     #[test]
     fn streaming_is_opt_in() {
         let job = completion_job(br#"{"model":"m","prompt":"go"}"#);
-        assert_eq!(job.map(|j| (j.stream, j.prompt)).ok(), Some((false, b"go".to_vec())));
+        assert_eq!(
+            job.map(|j| (j.stream, j.prompt)).ok(),
+            Some((false, b"go".to_vec()))
+        );
         assert!(completion_job(br#"{"model":"m","prompt":[1,2]}"#).is_err());
         assert!(chat_job(br#"{"model":"m","messages":[]}"#).is_err());
     }

@@ -20,10 +20,10 @@ pub const EMBEDDING_DIMS: usize = 8;
 /// Words the replies are made of. Plain lowercase words keep every reply valid UTF-8 and
 /// every word one token.
 const WORDS: [&str; 32] = [
-    "the", "model", "answer", "is", "cache", "token", "prefix", "warm", "node", "fleet",
-    "quick", "slow", "light", "river", "stone", "cloud", "paper", "garden", "signal", "route",
-    "llama", "corral", "field", "fence", "morning", "simple", "clear", "bright", "small",
-    "steady", "open", "calm",
+    "the", "model", "answer", "is", "cache", "token", "prefix", "warm", "node", "fleet", "quick",
+    "slow", "light", "river", "stone", "cloud", "paper", "garden", "signal", "route", "llama",
+    "corral", "field", "fence", "morning", "simple", "clear", "bright", "small", "steady", "open",
+    "calm",
 ];
 
 /// One chat message as the renderer needs it, whatever API it came from.

@@ -180,7 +180,10 @@ impl Residency {
             return Plan::Ready(lease);
         }
         let mut resident = self.resident.lock();
-        if let Some(pos) = resident.iter().position(|r| r.model.name == want.model.name) {
+        if let Some(pos) = resident
+            .iter()
+            .position(|r| r.model.name == want.model.name)
+        {
             // Loaded with another context length: reload once its requests are done.
             if !resident[pos].idle() {
                 return Plan::Wait;
@@ -238,11 +241,14 @@ impl Residency {
         });
     }
 
-    /// Unloads a model now if nobody uses it (a request with `keep_alive: 0`).
+    /// Unloads a model now, or as soon as its requests are done if it is busy (a request
+    /// with `keep_alive: 0` and nothing to generate).
     pub fn unload(&self, name: &str) {
-        self.resident
-            .lock()
-            .retain(|r| !(r.model.name == name && r.idle()));
+        let mut resident = self.resident.lock();
+        for r in resident.iter_mut().filter(|r| r.model.name == name) {
+            r.keep_alive = KeepAlive::For(Duration::ZERO);
+        }
+        resident.retain(|r| !(r.model.name == name && r.idle()));
     }
 
     /// Runs `f` over the ready models, after expiring idle ones.
@@ -386,7 +392,10 @@ mod tests {
 
     fn want(cfg: &StandinConfig, name: &str, context: u32) -> Want {
         Want {
-            model: cfg.model(name).cloned().unwrap_or_else(|| StandinModel::new(name, 0, 0)),
+            model: cfg
+                .model(name)
+                .cloned()
+                .unwrap_or_else(|| StandinModel::new(name, 0, 0)),
             context,
             keep_alive: KeepAlive::For(Duration::from_secs(60)),
         }
@@ -441,7 +450,10 @@ mod tests {
         let r = Residency::new(cfg.clone())?;
         let err = r.acquire(&want(&cfg, "huge:1", 100)).await.err();
         let msg = err.map(|e| e.message).unwrap_or_default();
-        assert!(msg.starts_with("model requires more system memory"), "{msg}");
+        assert!(
+            msg.starts_with("model requires more system memory"),
+            "{msg}"
+        );
         Ok(())
     }
 

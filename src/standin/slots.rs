@@ -69,11 +69,8 @@ impl SlotTable {
     /// Waits for a free slot (first come, first served), then takes the best one for
     /// `prompt`. The slot holds the prompt from now on; [`SlotLease::finish`] adds the reply.
     pub async fn acquire(self: &Arc<Self>, prompt: &[u8]) -> SlotLease {
-        let permit = match Arc::clone(&self.permits).acquire_owned().await {
-            Ok(permit) => Some(permit),
-            // The semaphore is never closed; without a permit the slot search still works.
-            Err(_) => None,
-        };
+        // The semaphore is never closed; without a permit the slot search still works.
+        let permit = Arc::clone(&self.permits).acquire_owned().await.ok();
         let mut slots = self.slots.lock();
         let (index, common) = choose_slot(&slots, prompt).unwrap_or((0, 0));
         let slot = &mut slots[index];

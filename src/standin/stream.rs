@@ -13,6 +13,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
+use futures::StreamExt;
 use tokio::time::Instant;
 
 use super::generate::Generation;
@@ -45,18 +46,23 @@ async fn whole_body(generation: Generation) -> Body {
     let wire = generation.wire.clone();
     let text = generation.tokens.concat();
     let stats = generation.finish();
-    let pieces = cut_whole(wire.whole(&text, &stats), cut_after);
-    Body::from_stream(futures::stream::iter(pieces))
+    let json = wire.whole(&text, &stats);
+    match cut_after {
+        None => Body::from(json),
+        Some(n) => Body::from_stream(cut_whole(json, n)),
+    }
 }
 
-/// The pieces of a whole reply: all of it, or, under a cut fault, half of it (nothing for
-/// a cut after 0 chunks) followed by the error that makes hyper drop the connection.
-fn cut_whole(json: Bytes, cut_after: Option<u32>) -> Vec<io::Result<Bytes>> {
-    match cut_after {
-        None => vec![Ok(json)],
-        Some(0) => vec![Err(cut_error())],
-        Some(_) => vec![Ok(json.slice(..json.len() / 2)), Err(cut_error())],
-    }
+/// A whole reply broken by a cut fault: nothing for a cut after 0 chunks, else half the
+/// JSON; then, once that has reached the wire, the error that makes hyper drop the
+/// connection.
+fn cut_whole(json: Bytes, cut_after: u32) -> impl futures::Stream<Item = io::Result<Bytes>> {
+    let sent = (cut_after > 0).then(|| Ok(json.slice(..json.len() / 2)));
+    let cut = async {
+        tokio::time::sleep(CUT_FLUSH_DELAY).await;
+        Err(cut_error())
+    };
+    futures::stream::iter(sent).chain(futures::stream::once(cut))
 }
 
 /// A streamed reply: one chunk per token, then the trailer chunks.
@@ -125,5 +131,8 @@ impl Decoder {
 }
 
 fn cut_error() -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionAborted, "injected fault: cut mid-stream")
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "injected fault: cut mid-stream",
+    )
 }

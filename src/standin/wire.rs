@@ -50,7 +50,11 @@ impl Api {
 
     /// An error in the shape this endpoint's clients parse.
     pub fn error(self, e: StandinError) -> Response {
-        if self.is_openai() { e.openai() } else { e.ollama() }
+        if self.is_openai() {
+            e.openai()
+        } else {
+            e.ollama()
+        }
     }
 
     /// How the reply extends the prompt in the next request's render: for chat, as the

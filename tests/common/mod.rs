@@ -194,3 +194,52 @@ pub fn header(resp: &reqwest::Response, name: &str) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// A node that lists MODEL as resident and answers `/api/chat` with the exact bytes it
+/// received: proves a body crossed the router unchanged.
+pub struct EchoNode {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EchoNode {
+    pub async fn start() -> EchoNode {
+        use axum::routing::{get, post};
+        let tags = serde_json::json!({ "models": [{ "name": MODEL, "model": MODEL, "size": 4_700_000_000u64 }] });
+        let ps = tags.clone();
+        let app = axum::Router::new()
+            .route("/", get(|| async { "Ollama is running" }))
+            .route("/api/version", get(|| async { axum::Json(serde_json::json!({ "version": "0.0.0-echo" })) }))
+            .route("/api/tags", get(move || { let t = tags.clone(); async move { axum::Json(t) } }))
+            .route("/api/ps", get(move || { let t = ps.clone(); async move { axum::Json(t) } }))
+            .route(
+                "/api/chat",
+                post(|body: axum::body::Bytes| async move {
+                    ([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], body)
+                }),
+            )
+            .layer(axum::extract::DefaultBodyLimit::disable());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        EchoNode { addr, task }
+    }
+
+    pub fn spec(&self, name: &str) -> NodeSpec {
+        NodeSpec { name: name.into(), url: format!("http://{}", self.addr), memory_gb: None, num_parallel: 2, roles: Vec::new() }
+    }
+}
+
+impl Drop for EchoNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A chat body of about `size` bytes whose "model" key comes last.
+pub fn big_body_model_last(size: usize) -> Vec<u8> {
+    let filler = "x".repeat(size);
+    format!(r#"{{"messages":[{{"role":"user","content":"{filler}"}}],"stream":false,"model":"{MODEL}"}}"#).into_bytes()
+}

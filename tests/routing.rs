@@ -1,0 +1,216 @@
+//! Routing decisions over real sockets: the real `corral` binary in front of stand-in
+//! Ollama nodes that model slots, prefix caching and model loads.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+
+fn turns(first: &str) -> Vec<String> {
+    vec![format!("{first}: {}", "Tell me about fleets of machines. ".repeat(20))]
+}
+
+/// Extends a conversation with the reply and a new question.
+fn follow(mut t: Vec<String>, reply: String, next: &str) -> Vec<String> {
+    t.push(reply);
+    t.push(next.to_string());
+    t
+}
+
+fn last_log(node: &corral::standin::StandinNode) -> corral::standin::ServedRequest {
+    node.log().last().cloned().expect("the node served a request")
+}
+
+#[tokio::test]
+async fn follow_up_lands_on_the_node_holding_its_prefix() {
+    let nodes = futures::future::join_all((0..3).map(|i| start(fast_node(&format!("n{i}"))))).await;
+    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 2)).collect(), "").await;
+    let by_name: HashMap<_, _> = nodes.iter().map(|n| (n.name().to_string(), n)).collect();
+
+    let t1 = turns("conversation");
+    let (node1, affinity1, reply1) = chat(&router, &t1).await;
+    assert_eq!(affinity1, "new");
+    let t2 = follow(t1, reply1, "And then?");
+    let (node2, affinity2, reply2) = chat(&router, &t2).await;
+    assert_eq!(node2, node1, "the follow-up went where the conversation is warm");
+    assert_eq!(affinity2, "hit");
+    let served = last_log(by_name[&node2]);
+    assert!(served.cached_tokens > 100, "the node reused the prefix: {served:?}");
+
+    let t3 = follow(t2, reply2, "Once more?");
+    let (node3, affinity3, _) = chat(&router, &t3).await;
+    assert_eq!((node3.as_str(), affinity3.as_str()), (node1.as_str(), "hit"));
+}
+
+#[tokio::test]
+async fn resident_model_beats_a_cold_one() {
+    let mut cold = fast_node("cold");
+    cold.preload.clear();
+    let cold = start(cold).await;
+    let warm = start(fast_node("warm")).await;
+    let router = Router::start(vec![NodeSpec::of(&cold, 2), NodeSpec::of(&warm, 2)], "").await;
+    for i in 0..4 {
+        let (node, _, _) = chat(&router, &turns(&format!("user {i}"))).await;
+        assert_eq!(node, "warm");
+    }
+    assert!(cold.log().is_empty(), "no request paid a cold load");
+    assert!(cold.resident().is_empty());
+}
+
+#[tokio::test]
+async fn big_model_avoids_a_node_too_small_for_it() {
+    let big_model = model("qwen2.5:32b", 20.0);
+    let mut small = fast_node("small");
+    small.memory_bytes = 8_000_000_000;
+    small.models.push(big_model.clone());
+    let mut large = fast_node("large");
+    large.memory_bytes = 48_000_000_000;
+    large.models.push(big_model);
+    let (small, large) = (start(small).await, start(large).await);
+    let router = Router::start(
+        vec![NodeSpec::of(&small, 2).memory(8.0), NodeSpec::of(&large, 2).memory(48.0)],
+        "",
+    )
+    .await;
+    for i in 0..3 {
+        let body = serde_json::json!({
+            "model": "qwen2.5:32b", "stream": false,
+            "messages": [{ "role": "user", "content": format!("question {i}") }],
+        });
+        let resp = client()
+            .post(format!("{}/api/chat", router.url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(&resp, "x-fleet-node"), "large");
+    }
+    assert!(small.log().iter().all(|r| r.model != "qwen2.5:32b"));
+}
+
+/// Starts a long streamed follow-up of `t` and returns once its reply header arrived, so the
+/// router counts it in flight.
+async fn hold_stream(router: &Router, t: &[String]) -> reqwest::Response {
+    let mut body = chat_body(t, true);
+    body["options"] = serde_json::json!({ "num_predict": 200 });
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+#[tokio::test]
+async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
+    let mut cfgs = vec![fast_node("a"), fast_node("b")];
+    for c in &mut cfgs {
+        c.num_parallel = 4;
+        c.decode_per_token = Duration::from_millis(20);
+    }
+    let nodes = futures::future::join_all(cfgs.into_iter().map(start)).await;
+    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 4)).collect(), "").await;
+
+    // Five conversations; by pigeonhole three start on the same node.
+    let mut placed: HashMap<String, Vec<(Vec<String>, String)>> = HashMap::new();
+    for i in 0..5 {
+        let t = turns(&format!("user {i}"));
+        let (node, _, reply) = chat(&router, &t).await;
+        placed.entry(node).or_default().push((t, reply));
+    }
+    let (busy, convs) = placed.into_iter().find(|(_, v)| v.len() >= 3).unwrap();
+    let idle = if busy == "a" { "b" } else { "a" };
+
+    // Two follow-ups hold the busy node (depth two)...
+    let d = hold_stream(&router, &follow(convs[0].0.clone(), convs[0].1.clone(), "go on")).await;
+    assert_eq!((header(&d, "x-fleet-node"), header(&d, "x-fleet-affinity")), (busy.clone(), "hit".into()));
+    let e = hold_stream(&router, &follow(convs[1].0.clone(), convs[1].1.clone(), "go on")).await;
+    assert_eq!((header(&e, "x-fleet-node"), header(&e, "x-fleet-affinity")), (busy.clone(), "hit".into()));
+
+    // ...so the third conversation's follow-up goes to the idle peer: 20/2 - 12 = -2 < 0.
+    let t = follow(convs[2].0.clone(), convs[2].1.clone(), "go on");
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .header("X-Fleet-Explain", "1")
+        .json(&chat_body(&t, false))
+        .send()
+        .await
+        .unwrap();
+    let explain = header(&resp, "x-fleet-explain");
+    assert_eq!(header(&resp, "x-fleet-node"), idle, "{explain}");
+    assert_eq!(header(&resp, "x-fleet-affinity"), "miss");
+    assert!(explain.contains(&format!("{busy} total=")), "{explain}");
+    assert!(explain.contains("queue=-12.0") && explain.contains("affinity=10.0"), "{explain}");
+    drop((d, e));
+}
+
+#[tokio::test]
+async fn six_conversations_on_three_nodes_of_two_slots_all_stay_warm() {
+    let nodes = futures::future::join_all((0..3).map(|i| {
+        let mut c = fast_node(&format!("n{i}"));
+        c.decode_per_token = Duration::from_millis(5);
+        start(c)
+    }))
+    .await;
+    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 2)).collect(), "").await;
+
+    let conversation = |i: usize| {
+        let router = &router;
+        async move {
+            let mut t = turns(&format!("conversation {i}"));
+            let (first, affinity, mut reply) = chat(router, &t).await;
+            assert_eq!(affinity, "new");
+            for turn in 0..3 {
+                t = follow(t, reply, &format!("follow-up {turn}"));
+                let (node, affinity, r) = chat(router, &t).await;
+                assert_eq!((node.as_str(), affinity.as_str()), (first.as_str(), "hit"), "conversation {i} turn {turn}");
+                reply = r;
+            }
+            first
+        }
+    };
+    let homes = futures::future::join_all((0..6).map(conversation)).await;
+    let mut per_node: HashMap<String, usize> = HashMap::new();
+    for h in &homes {
+        *per_node.entry(h.clone()).or_default() += 1;
+    }
+    assert!(per_node.values().all(|&n| n == 2), "two conversations per node: {per_node:?}");
+    // The nodes confirm it: every follow-up reused its prefix.
+    for node in &nodes {
+        let log = node.log();
+        let first_turn = log.iter().map(|r| r.prompt_tokens).min().unwrap_or(0);
+        let follow_ups: Vec<_> = log.iter().filter(|r| r.prompt_tokens > first_turn).collect();
+        assert_eq!(follow_ups.len(), 6, "{}: {log:?}", node.name());
+        assert!(follow_ups.iter().all(|r| r.cached_tokens > 100), "{}: {log:?}", node.name());
+    }
+}
+
+#[tokio::test]
+async fn explain_header_scores_every_candidate() {
+    let nodes = futures::future::join_all((0..3).map(|i| start(fast_node(&format!("n{i}"))))).await;
+    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 2)).collect(), "").await;
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .header("X-Fleet-Explain", "1")
+        .json(&chat_body(&turns("x"), true))
+        .send()
+        .await
+        .unwrap();
+    let explain = header(&resp, "x-fleet-explain");
+    for n in &nodes {
+        assert!(explain.contains(&format!("{} total=", n.name())), "{explain}");
+    }
+    for signal in ["loaded=", "memory=", "queue=", "latency=", "role=", "availability=", "context=", "affinity="] {
+        assert_eq!(explain.matches(signal).count(), 3, "{signal} in {explain}");
+    }
+    let score: f64 = header(&resp, "x-fleet-score").parse().unwrap();
+    assert!(explain.starts_with(&format!("{} total={score:.1}", header(&resp, "x-fleet-node"))));
+    let mut body = resp.bytes_stream();
+    while body.next().await.is_some() {}
+}
