@@ -345,7 +345,12 @@ impl NodeConfig {
         let tls = match uri.scheme_str() {
             Some("http") => false,
             Some("https") => true,
-            _ => return Err(format!("'{}' must start with http:// or https://", self.url)),
+            _ => {
+                return Err(format!(
+                    "'{}' must start with http:// or https://",
+                    self.url
+                ));
+            }
         };
         if !matches!(uri.path(), "" | "/") {
             return Err(format!(
@@ -405,8 +410,10 @@ mod tests {
 
     #[test]
     fn pingora_keys_pass_through() {
-        let c = Config::from_yaml("version: 1\nthreads: 2\ngrace_period_seconds: 5\nlisten: 127.0.0.1:1\n")
-            .expect("pingora keys are accepted");
+        let c = Config::from_yaml(
+            "version: 1\nthreads: 2\ngrace_period_seconds: 5\nlisten: 127.0.0.1:1\n",
+        )
+        .expect("pingora keys are accepted");
         assert_eq!(c.listen, "127.0.0.1:1");
     }
 
@@ -429,9 +436,10 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("nodes[1].name"), "{err}");
-        let err =
-            Config::from_yaml("nodes:\n  - {name: a, url: 'http://127.0.0.1:1', num_parallel: 0}\n")
-                .unwrap_err();
+        let err = Config::from_yaml(
+            "nodes:\n  - {name: a, url: 'http://127.0.0.1:1', num_parallel: 0}\n",
+        )
+        .unwrap_err();
         assert!(err.contains("num_parallel"), "{err}");
     }
 
@@ -450,7 +458,11 @@ mod tests {
         let a = n.address().unwrap();
         assert_eq!(a.addr.port(), 11434);
         assert!(!a.tls);
-        assert!(NodeConfig::new("a", "http://127.0.0.1:1/api").address().is_err());
+        assert!(
+            NodeConfig::new("a", "http://127.0.0.1:1/api")
+                .address()
+                .is_err()
+        );
     }
 }
 

@@ -10,7 +10,11 @@ use corral::config::{Config, NodeConfig};
 use corral::standin;
 
 #[derive(Parser)]
-#[command(name = "corral", version, about = "A cache-aware load balancer for Ollama fleets")]
+#[command(
+    name = "corral",
+    version,
+    about = "A cache-aware load balancer for Ollama fleets"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -62,7 +66,10 @@ fn run(cli: Cli) -> Result<(), String> {
     }
     config.validate()?;
     if cli.pingora.test {
-        println!("corral: configuration is valid ({} nodes)", config.nodes.len());
+        println!(
+            "corral: configuration is valid ({} nodes)",
+            config.nodes.len()
+        );
     }
     let server = corral::server::build(config, cli.pingora)?;
     server.run_forever()
@@ -112,7 +119,10 @@ fn start_demo_fleet() -> Result<Vec<NodeConfig>, String> {
 }
 
 fn print_demo_banner(config: &Config) {
-    println!("corral demo: a simulated fleet of {} nodes", config.nodes.len());
+    println!(
+        "corral demo: a simulated fleet of {} nodes",
+        config.nodes.len()
+    );
     for n in &config.nodes {
         println!(
             "  {:<8} {}  {:.0} GB, {} slots",
@@ -128,5 +138,7 @@ fn print_demo_banner(config: &Config) {
         "  curl -si http://{addr}/api/chat -d '{{\"model\":\"llama3:8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"stream\":false}}' | grep -i x-fleet"
     );
     println!("  curl -s http://{addr}/api/tags");
-    println!("  curl -N http://{addr}/api/chat -H 'X-Fleet-Explain: 1' -d '{{\"model\":\"llama3:8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'");
+    println!(
+        "  curl -N http://{addr}/api/chat -H 'X-Fleet-Explain: 1' -d '{{\"model\":\"llama3:8b\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'"
+    );
 }

@@ -53,7 +53,11 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     server.add_service(proxy);
 
     server.add_service(background_service("health checks", fleet.health_service()));
-    let poller = Poller::new(fleet.nodes.clone(), config.poll.interval, config.poll.timeout);
+    let poller = Poller::new(
+        fleet.nodes.clone(),
+        config.poll.interval,
+        config.poll.timeout,
+    );
     server.add_service(background_service("fleet poller", poller));
 
     if let Some(addr) = &config.metrics_listen {

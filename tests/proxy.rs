@@ -50,7 +50,10 @@ async fn ndjson_streams_chunk_by_chunk() {
     // that buffered the reply would deliver them in one burst at the end.
     assert!(chunks.len() >= 5, "{} reads", chunks.len());
     let spread = chunks.last().unwrap().0 - chunks.first().unwrap().0;
-    assert!(spread >= Duration::from_millis(450), "first to last chunk: {spread:?}");
+    assert!(
+        spread >= Duration::from_millis(450),
+        "first to last chunk: {spread:?}"
+    );
 }
 
 #[tokio::test]
@@ -77,7 +80,10 @@ async fn sse_streams_event_by_event() {
     assert_eq!(*events.last().unwrap(), "data: [DONE]");
     assert!(chunks.len() >= 5);
     let spread = chunks.last().unwrap().0 - chunks.first().unwrap().0;
-    assert!(spread >= Duration::from_millis(450), "first to last event: {spread:?}");
+    assert!(
+        spread >= Duration::from_millis(450),
+        "first to last event: {spread:?}"
+    );
 }
 
 #[tokio::test]
@@ -95,7 +101,10 @@ async fn one_mib_body_with_model_last_is_forwarded_byte_for_byte() {
     assert_eq!(header(&resp, "x-fleet-node"), "echo");
     let echoed = resp.bytes().await.unwrap();
     assert_eq!(echoed.len(), body.len());
-    assert!(echoed == body, "the node received exactly the client's bytes");
+    assert!(
+        echoed == body,
+        "the node received exactly the client's bytes"
+    );
 }
 
 #[tokio::test]
@@ -127,7 +136,11 @@ async fn one_mib_body_is_retried_on_the_next_node_after_a_refused_connection() {
 async fn requests_fail_over_when_a_node_dies() {
     let a = start(fast_node("a")).await;
     let b = start(fast_node("b")).await;
-    let router = Router::start(vec![NodeSpec::of(&a, 2), NodeSpec::of(&b, 2)], "health:\n  interval: 1h\n").await;
+    let router = Router::start(
+        vec![NodeSpec::of(&a, 2), NodeSpec::of(&b, 2)],
+        "health:\n  interval: 1h\n",
+    )
+    .await;
     a.stop().await;
     for i in 0..6 {
         let (node, _, _) = chat(&router, &[format!("question {i}")]).await;
@@ -136,11 +149,14 @@ async fn requests_fail_over_when_a_node_dies() {
     // Back again: once b is busy, a takes work again despite its recent failure.
     a.restart().await.unwrap();
     let router = &router;
-    let nodes = futures::future::join_all((0..6).map(|i| async move {
-        chat(router, &[format!("again {i}")]).await.0
-    }))
+    let nodes = futures::future::join_all(
+        (0..6).map(|i| async move { chat(router, &[format!("again {i}")]).await.0 }),
+    )
     .await;
-    assert!(nodes.iter().any(|n| n == "a"), "a recovered node gets traffic again: {nodes:?}");
+    assert!(
+        nodes.iter().any(|n| n == "a"),
+        "a recovered node gets traffic again: {nodes:?}"
+    );
 }
 
 async fn expect_error(resp: reqwest::Response, status: u16, needle: &str) {
@@ -148,25 +164,109 @@ async fn expect_error(resp: reqwest::Response, status: u16, needle: &str) {
     assert!(header(&resp, "content-type").starts_with("application/json"));
     let body: serde_json::Value = resp.json().await.expect("a JSON error body");
     let message = body["error"].as_str().expect("an error field");
-    assert!(message.contains(needle), "{message:?} should mention {needle:?}");
+    assert!(
+        message.contains(needle),
+        "{message:?} should mention {needle:?}"
+    );
 }
 
 #[tokio::test]
 async fn bad_requests_get_clear_json_errors() {
     let node = start(fast_node("n")).await;
-    let router = Router::start(vec![NodeSpec::of(&node, 2)], "limits:\n  max_body_bytes: 2097152\n").await;
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 2)],
+        "limits:\n  max_body_bytes: 2097152\n",
+    )
+    .await;
     let url = |p: &str| format!("{}{p}", router.url());
     let c = client();
 
-    expect_error(c.post(url("/api/chat")).body("{not json").send().await.unwrap(), 400, "invalid request body").await;
-    expect_error(c.post(url("/api/chat")).body(r#"{"messages":[]}"#).send().await.unwrap(), 400, "model is required").await;
-    expect_error(c.post(url("/api/chat")).body(&b"{\"model\":\"\xff\"}"[..]).send().await.unwrap(), 400, "invalid").await;
-    expect_error(c.post(url("/api/chat")).body(r#"{"model":"m","stream":"yes"}"#).send().await.unwrap(), 400, "boolean").await;
-    expect_error(c.post(url("/api/chat")).body(r#"{"model":"nope:1b","messages":[]}"#).send().await.unwrap(), 404, "model 'nope:1b' not found").await;
-    expect_error(c.post(url("/api/chat")).body(big_body_model_last(3 * 1024 * 1024)).send().await.unwrap(), 413, "larger than").await;
-    expect_error(c.post(url("/api/pull")).body(r#"{"model":"x"}"#).send().await.unwrap(), 403, "disabled").await;
-    expect_error(c.delete(url("/api/delete")).body(r#"{"model":"x"}"#).send().await.unwrap(), 403, "disabled").await;
-    expect_error(c.get(url("/api/nothing")).send().await.unwrap(), 404, "not found").await;
+    expect_error(
+        c.post(url("/api/chat"))
+            .body("{not json")
+            .send()
+            .await
+            .unwrap(),
+        400,
+        "invalid request body",
+    )
+    .await;
+    expect_error(
+        c.post(url("/api/chat"))
+            .body(r#"{"messages":[]}"#)
+            .send()
+            .await
+            .unwrap(),
+        400,
+        "model is required",
+    )
+    .await;
+    expect_error(
+        c.post(url("/api/chat"))
+            .body(&b"{\"model\":\"\xff\"}"[..])
+            .send()
+            .await
+            .unwrap(),
+        400,
+        "invalid",
+    )
+    .await;
+    expect_error(
+        c.post(url("/api/chat"))
+            .body(r#"{"model":"m","stream":"yes"}"#)
+            .send()
+            .await
+            .unwrap(),
+        400,
+        "boolean",
+    )
+    .await;
+    expect_error(
+        c.post(url("/api/chat"))
+            .body(r#"{"model":"nope:1b","messages":[]}"#)
+            .send()
+            .await
+            .unwrap(),
+        404,
+        "model 'nope:1b' not found",
+    )
+    .await;
+    expect_error(
+        c.post(url("/api/chat"))
+            .body(big_body_model_last(3 * 1024 * 1024))
+            .send()
+            .await
+            .unwrap(),
+        413,
+        "larger than",
+    )
+    .await;
+    expect_error(
+        c.post(url("/api/pull"))
+            .body(r#"{"model":"x"}"#)
+            .send()
+            .await
+            .unwrap(),
+        403,
+        "disabled",
+    )
+    .await;
+    expect_error(
+        c.delete(url("/api/delete"))
+            .body(r#"{"model":"x"}"#)
+            .send()
+            .await
+            .unwrap(),
+        403,
+        "disabled",
+    )
+    .await;
+    expect_error(
+        c.get(url("/api/nothing")).send().await.unwrap(),
+        404,
+        "not found",
+    )
+    .await;
     expect_error(c.get(url("/api/chat")).send().await.unwrap(), 405, "POST").await;
 
     // After all that, the router still serves.
@@ -195,7 +295,10 @@ async fn no_healthy_node_is_503_with_retry_after() {
         }
         // Until the health check notices, the refused connection gives a 502.
         assert_eq!(resp.status(), 502);
-        assert!(Instant::now() < deadline, "the dead node was never marked down");
+        assert!(
+            Instant::now() < deadline,
+            "the dead node was never marked down"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -211,7 +314,12 @@ async fn fleet_endpoints_merge_the_nodes() {
     let get = |p: &str| c.get(format!("{}{p}", router.url())).send();
 
     let tags: serde_json::Value = get("/api/tags").await.unwrap().json().await.unwrap();
-    let mut names: Vec<&str> = tags["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    let mut names: Vec<&str> = tags["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
     names.sort();
     assert_eq!(names, vec!["llama3:8b", "qwen2.5:14b"], "each model once");
 
@@ -261,7 +369,10 @@ async fn a_client_that_leaves_releases_its_place() {
         if explain.contains("queue=0.0") {
             break;
         }
-        assert!(Instant::now() < deadline, "in-flight count never released: {explain}");
+        assert!(
+            Instant::now() < deadline,
+            "in-flight count never released: {explain}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -10,7 +10,10 @@ use common::*;
 use futures::StreamExt;
 
 fn turns(first: &str) -> Vec<String> {
-    vec![format!("{first}: {}", "Tell me about fleets of machines. ".repeat(20))]
+    vec![format!(
+        "{first}: {}",
+        "Tell me about fleets of machines. ".repeat(20)
+    )]
 }
 
 /// Extends a conversation with the reply and a new question.
@@ -21,7 +24,10 @@ fn follow(mut t: Vec<String>, reply: String, next: &str) -> Vec<String> {
 }
 
 fn last_log(node: &corral::standin::StandinNode) -> corral::standin::ServedRequest {
-    node.log().last().cloned().expect("the node served a request")
+    node.log()
+        .last()
+        .cloned()
+        .expect("the node served a request")
 }
 
 #[tokio::test]
@@ -35,14 +41,23 @@ async fn follow_up_lands_on_the_node_holding_its_prefix() {
     assert_eq!(affinity1, "new");
     let t2 = follow(t1, reply1, "And then?");
     let (node2, affinity2, reply2) = chat(&router, &t2).await;
-    assert_eq!(node2, node1, "the follow-up went where the conversation is warm");
+    assert_eq!(
+        node2, node1,
+        "the follow-up went where the conversation is warm"
+    );
     assert_eq!(affinity2, "hit");
     let served = last_log(by_name[&node2]);
-    assert!(served.cached_tokens > 100, "the node reused the prefix: {served:?}");
+    assert!(
+        served.cached_tokens > 100,
+        "the node reused the prefix: {served:?}"
+    );
 
     let t3 = follow(t2, reply2, "Once more?");
     let (node3, affinity3, _) = chat(&router, &t3).await;
-    assert_eq!((node3.as_str(), affinity3.as_str()), (node1.as_str(), "hit"));
+    assert_eq!(
+        (node3.as_str(), affinity3.as_str()),
+        (node1.as_str(), "hit")
+    );
 }
 
 #[tokio::test]
@@ -71,7 +86,10 @@ async fn big_model_avoids_a_node_too_small_for_it() {
     large.models.push(big_model);
     let (small, large) = (start(small).await, start(large).await);
     let router = Router::start(
-        vec![NodeSpec::of(&small, 2).memory(8.0), NodeSpec::of(&large, 2).memory(48.0)],
+        vec![
+            NodeSpec::of(&small, 2).memory(8.0),
+            NodeSpec::of(&large, 2).memory(48.0),
+        ],
         "",
     )
     .await;
@@ -128,10 +146,24 @@ async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
     let idle = if busy == "a" { "b" } else { "a" };
 
     // Two follow-ups hold the busy node (depth two)...
-    let d = hold_stream(&router, &follow(convs[0].0.clone(), convs[0].1.clone(), "go on")).await;
-    assert_eq!((header(&d, "x-fleet-node"), header(&d, "x-fleet-affinity")), (busy.clone(), "hit".into()));
-    let e = hold_stream(&router, &follow(convs[1].0.clone(), convs[1].1.clone(), "go on")).await;
-    assert_eq!((header(&e, "x-fleet-node"), header(&e, "x-fleet-affinity")), (busy.clone(), "hit".into()));
+    let d = hold_stream(
+        &router,
+        &follow(convs[0].0.clone(), convs[0].1.clone(), "go on"),
+    )
+    .await;
+    assert_eq!(
+        (header(&d, "x-fleet-node"), header(&d, "x-fleet-affinity")),
+        (busy.clone(), "hit".into())
+    );
+    let e = hold_stream(
+        &router,
+        &follow(convs[1].0.clone(), convs[1].1.clone(), "go on"),
+    )
+    .await;
+    assert_eq!(
+        (header(&e, "x-fleet-node"), header(&e, "x-fleet-affinity")),
+        (busy.clone(), "hit".into())
+    );
 
     // ...so the third conversation's follow-up goes to the idle peer: 20/2 - 12 = -2 < 0.
     let t = follow(convs[2].0.clone(), convs[2].1.clone(), "go on");
@@ -146,7 +178,10 @@ async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
     assert_eq!(header(&resp, "x-fleet-node"), idle, "{explain}");
     assert_eq!(header(&resp, "x-fleet-affinity"), "miss");
     assert!(explain.contains(&format!("{busy} total=")), "{explain}");
-    assert!(explain.contains("queue=-12.0") && explain.contains("affinity=10.0"), "{explain}");
+    assert!(
+        explain.contains("queue=-12.0") && explain.contains("affinity=10.0"),
+        "{explain}"
+    );
     drop((d, e));
 }
 
@@ -169,7 +204,11 @@ async fn six_conversations_on_three_nodes_of_two_slots_all_stay_warm() {
             for turn in 0..3 {
                 t = follow(t, reply, &format!("follow-up {turn}"));
                 let (node, affinity, r) = chat(router, &t).await;
-                assert_eq!((node.as_str(), affinity.as_str()), (first.as_str(), "hit"), "conversation {i} turn {turn}");
+                assert_eq!(
+                    (node.as_str(), affinity.as_str()),
+                    (first.as_str(), "hit"),
+                    "conversation {i} turn {turn}"
+                );
                 reply = r;
             }
             first
@@ -180,14 +219,24 @@ async fn six_conversations_on_three_nodes_of_two_slots_all_stay_warm() {
     for h in &homes {
         *per_node.entry(h.clone()).or_default() += 1;
     }
-    assert!(per_node.values().all(|&n| n == 2), "two conversations per node: {per_node:?}");
+    assert!(
+        per_node.values().all(|&n| n == 2),
+        "two conversations per node: {per_node:?}"
+    );
     // The nodes confirm it: every follow-up reused its prefix.
     for node in &nodes {
         let log = node.log();
         let first_turn = log.iter().map(|r| r.prompt_tokens).min().unwrap_or(0);
-        let follow_ups: Vec<_> = log.iter().filter(|r| r.prompt_tokens > first_turn).collect();
+        let follow_ups: Vec<_> = log
+            .iter()
+            .filter(|r| r.prompt_tokens > first_turn)
+            .collect();
         assert_eq!(follow_ups.len(), 6, "{}: {log:?}", node.name());
-        assert!(follow_ups.iter().all(|r| r.cached_tokens > 100), "{}: {log:?}", node.name());
+        assert!(
+            follow_ups.iter().all(|r| r.cached_tokens > 100),
+            "{}: {log:?}",
+            node.name()
+        );
     }
 }
 
@@ -204,13 +253,28 @@ async fn explain_header_scores_every_candidate() {
         .unwrap();
     let explain = header(&resp, "x-fleet-explain");
     for n in &nodes {
-        assert!(explain.contains(&format!("{} total=", n.name())), "{explain}");
+        assert!(
+            explain.contains(&format!("{} total=", n.name())),
+            "{explain}"
+        );
     }
-    for signal in ["loaded=", "memory=", "queue=", "latency=", "role=", "availability=", "context=", "affinity="] {
+    for signal in [
+        "loaded=",
+        "memory=",
+        "queue=",
+        "latency=",
+        "role=",
+        "availability=",
+        "context=",
+        "affinity=",
+    ] {
         assert_eq!(explain.matches(signal).count(), 3, "{signal} in {explain}");
     }
     let score: f64 = header(&resp, "x-fleet-score").parse().unwrap();
-    assert!(explain.starts_with(&format!("{} total={score:.1}", header(&resp, "x-fleet-node"))));
+    assert!(explain.starts_with(&format!(
+        "{} total={score:.1}",
+        header(&resp, "x-fleet-node")
+    )));
     let mut body = resp.bytes_stream();
     while body.next().await.is_some() {}
 }

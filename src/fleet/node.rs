@@ -120,7 +120,10 @@ impl SuccessRatio {
     const HALF_LIFE: Duration = Duration::from_secs(30);
 
     pub fn new() -> SuccessRatio {
-        SuccessRatio { value: 1.0, at: Instant::now() }
+        SuccessRatio {
+            value: 1.0,
+            at: Instant::now(),
+        }
     }
 
     pub fn get(&self, now: Instant) -> f64 {
@@ -233,14 +236,25 @@ mod tests {
         {
             let mut models = node.models.lock();
             let m = models.entry("m:latest".into()).or_default();
-            m.slots = vec![Slot { lineage: 7, depth: 2, last_used: Some(before), busy: 0 }];
+            m.slots = vec![Slot {
+                lineage: 7,
+                depth: 2,
+                last_used: Some(before),
+                busy: 0,
+            }];
             m.last_success = Some(Instant::now());
         }
         // A poll sent before the last success does not clear it.
-        node.update_inventory(Inventory { polled_at: Some(before), ..Default::default() });
+        node.update_inventory(Inventory {
+            polled_at: Some(before),
+            ..Default::default()
+        });
         assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
         // A later poll that sees the model gone does.
-        node.update_inventory(Inventory { polled_at: Some(Instant::now()), ..Default::default() });
+        node.update_inventory(Inventory {
+            polled_at: Some(Instant::now()),
+            ..Default::default()
+        });
         assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 0);
     }
 }

@@ -38,7 +38,11 @@ impl BodyError {
     }
 }
 
-pub async fn read(session: &mut Session, limit: usize, within: Duration) -> Result<Bytes, BodyError> {
+pub async fn read(
+    session: &mut Session,
+    limit: usize,
+    within: Duration,
+) -> Result<Bytes, BodyError> {
     let declared = session
         .req_header()
         .headers

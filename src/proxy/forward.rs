@@ -140,10 +140,16 @@ impl Forwarder {
                     });
                 }
                 Wait::TimedOut => {
-                    log::warn!("{}: no reply within first_byte timeout", candidate.node.name());
+                    log::warn!(
+                        "{}: no reply within first_byte timeout",
+                        candidate.node.name()
+                    );
                     dispatch.finish(Outcome::default());
                     last = Some(AttemptError {
-                        error: Error::explain(ErrorType::ReadTimedout, "waiting for the first byte"),
+                        error: Error::explain(
+                            ErrorType::ReadTimedout,
+                            "waiting for the first byte",
+                        ),
                         timed_out: true,
                     });
                 }
@@ -175,7 +181,12 @@ impl Forwarder {
 
     /// Connects and writes the request. A pooled connection the node has closed meanwhile
     /// gets one more try on a fresh connection to the same node.
-    async fn send(&self, peer: &HttpPeer, request: &RequestHeader, body: &[u8]) -> Result<HttpSession> {
+    async fn send(
+        &self,
+        peer: &HttpPeer,
+        request: &RequestHeader,
+        body: &[u8],
+    ) -> Result<HttpSession> {
         let (stream, reused) = self.transport.get_stream(peer).await?;
         let mut upstream = HttpSession::new_with_options(stream, peer);
         match write_request(&mut upstream, request, body).await {
@@ -209,9 +220,15 @@ impl Forwarder {
         let header = downstream_header(upstream_header, session, &reply)?;
         ctx.status = status;
         ctx.node = Some(node.name().to_string());
-        session.write_response_header(Box::new(header), false).await?;
+        session
+            .write_response_header(Box::new(header), false)
+            .await?;
 
-        let mut tail = Tail::new(if reply.profile.stream { STREAM_TAIL } else { WHOLE_TAIL });
+        let mut tail = Tail::new(if reply.profile.stream {
+            STREAM_TAIL
+        } else {
+            WHOLE_TAIL
+        });
         let mut ttfb = None;
         let broken = loop {
             match race(session, self.timeouts.idle, upstream.read_body_bytes()).await {
@@ -239,7 +256,10 @@ impl Forwarder {
             let Some(notice) = kind.error_notice(node.name(), reason) else {
                 // A reply with a declared length cannot be ended cleanly: let the client
                 // see the connection drop rather than a short body.
-                return Err(Error::explain(ErrorType::ReadError, "node broke off the reply"));
+                return Err(Error::explain(
+                    ErrorType::ReadError,
+                    "node broke off the reply",
+                ));
             };
             session.write_response_body(Some(notice), false).await?;
             return session.write_response_body(None, true).await;
@@ -332,8 +352,14 @@ async fn race<T>(session: &mut Session, limit: Duration, work: impl Future<Outpu
     }
 }
 
-async fn write_request(upstream: &mut HttpSession, request: &RequestHeader, body: &[u8]) -> Result<()> {
-    upstream.write_request_header(Box::new(request.clone())).await?;
+async fn write_request(
+    upstream: &mut HttpSession,
+    request: &RequestHeader,
+    body: &[u8],
+) -> Result<()> {
+    upstream
+        .write_request_header(Box::new(request.clone()))
+        .await?;
     if !body.is_empty() {
         upstream.write_body(body).await?;
     }
@@ -349,7 +375,11 @@ fn upstream_request(client: &RequestHeader, node: &Node, body_len: usize) -> Res
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let mut req = RequestHeader::build(client.method.clone(), path.as_bytes(), Some(client.headers.len()))?;
+    let mut req = RequestHeader::build(
+        client.method.clone(),
+        path.as_bytes(),
+        Some(client.headers.len()),
+    )?;
     for (name, value) in client.headers.iter() {
         let n = name.as_str();
         if HOP_BY_HOP.contains(&n) || n == "host" || n.starts_with("x-fleet-") {
@@ -364,7 +394,11 @@ fn upstream_request(client: &RequestHeader, node: &Node, body_len: usize) -> Res
 }
 
 /// The node's reply header as the client should see it, with the routing headers added.
-fn downstream_header(upstream: &ResponseHeader, session: &Session, reply: &Relay) -> Result<ResponseHeader> {
+fn downstream_header(
+    upstream: &ResponseHeader,
+    session: &Session,
+    reply: &Relay,
+) -> Result<ResponseHeader> {
     let mut header = ResponseHeader::build(upstream.status, Some(upstream.headers.len() + 6))?;
     for (name, value) in upstream.headers.iter() {
         if HOP_BY_HOP.contains(&name.as_str()) {
@@ -379,7 +413,10 @@ fn downstream_header(upstream: &ResponseHeader, session: &Session, reply: &Relay
     }
     let node = &reply.candidate.node;
     header.insert_header("X-Fleet-Node", node.name())?;
-    header.insert_header("X-Fleet-Score", format!("{:.1}", reply.candidate.scores.total()))?;
+    header.insert_header(
+        "X-Fleet-Score",
+        format!("{:.1}", reply.candidate.scores.total()),
+    )?;
     header.insert_header(
         "X-Fleet-Affinity",
         reply.decision.affinity_for(node.index).as_str(),

@@ -72,12 +72,25 @@ impl Corral {
             Route::Model(endpoint) => return self.route_model(session, ctx, endpoint).await,
             Route::Root => (
                 200,
-                respond::send(session, 200, "text/plain; charset=utf-8", Bytes::from_static(b"Ollama is running"), &[]).await,
+                respond::send(
+                    session,
+                    200,
+                    "text/plain; charset=utf-8",
+                    Bytes::from_static(b"Ollama is running"),
+                    &[],
+                )
+                .await,
             ),
             Route::Tags => (200, respond::json(session, 200, &local::tags(fleet)).await),
             Route::Ps => (200, respond::json(session, 200, &local::ps(fleet)).await),
-            Route::Version => (200, respond::json(session, 200, &local::version(fleet)).await),
-            Route::OpenAiModels => (200, respond::json(session, 200, &local::openai_models(fleet)).await),
+            Route::Version => (
+                200,
+                respond::json(session, 200, &local::version(fleet)).await,
+            ),
+            Route::OpenAiModels => (
+                200,
+                respond::json(session, 200, &local::openai_models(fleet)).await,
+            ),
             Route::Management => {
                 let path = session.req_header().uri.path().to_string();
                 let message = format!(
@@ -87,18 +100,29 @@ impl Corral {
             }
             Route::WrongMethod(allowed) => {
                 let message = format!("method not allowed: use {allowed}");
-                (405, respond::error(session, 405, &message, &[("Allow", allowed.to_string())]).await)
+                (
+                    405,
+                    respond::error(session, 405, &message, &[("Allow", allowed.to_string())]).await,
+                )
             }
             Route::NotFound => {
                 let path = session.req_header().uri.path().to_string();
-                (404, respond::error(session, 404, &format!("404 page not found: {path}"), &[]).await)
+                (
+                    404,
+                    respond::error(session, 404, &format!("404 page not found: {path}"), &[]).await,
+                )
             }
         };
         ctx.status = status;
         result
     }
 
-    async fn route_model(&self, session: &mut Session, ctx: &mut RequestCtx, endpoint: Endpoint) -> Result<()> {
+    async fn route_model(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        endpoint: Endpoint,
+    ) -> Result<()> {
         ctx.endpoint = Some(endpoint);
         let body = match body::read(session, self.max_body, self.body_read).await {
             Ok(body) => body,
@@ -126,7 +150,12 @@ impl Corral {
             .await
     }
 
-    async fn refuse(&self, session: &mut Session, ctx: &mut RequestCtx, e: RouteError) -> Result<()> {
+    async fn refuse(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        e: RouteError,
+    ) -> Result<()> {
         let retry_after = [("Retry-After", self.retry_after.to_string())];
         let (status, message, extra): (u16, String, &[_]) = match e {
             RouteError::NoHealthyNode => (503, "no healthy node in the fleet".into(), &retry_after),
@@ -161,7 +190,11 @@ impl ProxyHttp for Corral {
         Ok(true)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         // request_filter answers every request (see the module docs), so Pingora's own
         // forwarding never starts.
         Error::e_explain(ErrorType::InternalError, "corral forwards requests itself")

@@ -133,7 +133,9 @@ mod tests {
     fn finds_ollama_final_chunk() {
         let mut t = Tail::new(1024);
         t.push(b"{\"done\":false}\n{\"done\":true,\"prompt_eval_count\":10,");
-        t.push(b"\"prompt_eval_duration\":1000000000,\"eval_count\":5,\"eval_duration\":500000000}\n");
+        t.push(
+            b"\"prompt_eval_duration\":1000000000,\"eval_count\":5,\"eval_duration\":500000000}\n",
+        );
         let s = ReplyStats::parse(t.last_object().unwrap()).unwrap();
         assert_eq!(s.prefill_tps(), Some(10.0));
         assert_eq!(s.decode_tps(), Some(10.0));

@@ -31,7 +31,14 @@ pub async fn send(
 
 pub async fn json(session: &mut Session, status: u16, value: &serde_json::Value) -> Result<()> {
     let body = serde_json::to_vec(value).unwrap_or_default();
-    send(session, status, "application/json; charset=utf-8", body.into(), &[]).await
+    send(
+        session,
+        status,
+        "application/json; charset=utf-8",
+        body.into(),
+        &[],
+    )
+    .await
 }
 
 /// `{"error": "..."}` with the given status, as Ollama answers errors.

@@ -76,7 +76,12 @@ mod tests {
         let t1 = chat("m", &[("system", "be brief"), ("user", "hi")]);
         let t2 = chat(
             "m",
-            &[("system", "be brief"), ("user", "hi"), ("assistant", "hello"), ("user", "more")],
+            &[
+                ("system", "be brief"),
+                ("user", "hi"),
+                ("assistant", "hello"),
+                ("user", "more"),
+            ],
         );
         assert_eq!(t2.hashes[..t1.hashes.len()], t1.hashes[..]);
         assert_ne!(t2.last(), t1.last());
@@ -85,8 +90,14 @@ mod tests {
 
     #[test]
     fn model_role_and_boundaries_matter() {
-        assert_ne!(chat("a", &[("user", "x")]).last(), chat("b", &[("user", "x")]).last());
-        assert_ne!(chat("a", &[("user", "x")]).last(), chat("a", &[("system", "x")]).last());
+        assert_ne!(
+            chat("a", &[("user", "x")]).last(),
+            chat("b", &[("user", "x")]).last()
+        );
+        assert_ne!(
+            chat("a", &[("user", "x")]).last(),
+            chat("a", &[("system", "x")]).last()
+        );
         assert_ne!(
             chat("a", &[("user", "ab"), ("user", "c")]).last(),
             chat("a", &[("user", "a"), ("user", "bc")]).last()
@@ -95,8 +106,14 @@ mod tests {
 
     #[test]
     fn shared_system_prompt_shares_first_hash() {
-        let a = chat("m", &[("system", "long shared prompt"), ("user", "question a")]);
-        let b = chat("m", &[("system", "long shared prompt"), ("user", "question b")]);
+        let a = chat(
+            "m",
+            &[("system", "long shared prompt"), ("user", "question a")],
+        );
+        let b = chat(
+            "m",
+            &[("system", "long shared prompt"), ("user", "question b")],
+        );
         assert_eq!(a.hashes[1], b.hashes[1]);
         assert_ne!(a.hashes[2], b.hashes[2]);
     }

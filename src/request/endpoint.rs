@@ -77,7 +77,10 @@ impl Endpoint {
     pub fn generates(self) -> bool {
         matches!(
             self,
-            Endpoint::Chat | Endpoint::Generate | Endpoint::OpenAiChat | Endpoint::OpenAiCompletions
+            Endpoint::Chat
+                | Endpoint::Generate
+                | Endpoint::OpenAiChat
+                | Endpoint::OpenAiCompletions
         )
     }
 }
@@ -116,7 +119,11 @@ impl Route {
             _ if path.starts_with("/api/blobs/") => return Route::Management,
             _ => return Route::NotFound,
         };
-        if is_get { local } else { Route::WrongMethod("GET") }
+        if is_get {
+            local
+        } else {
+            Route::WrongMethod("GET")
+        }
     }
 }
 
@@ -126,16 +133,25 @@ mod tests {
 
     #[test]
     fn routes_by_method_and_path() {
-        assert_eq!(Route::of(&Method::POST, "/api/chat"), Route::Model(Endpoint::Chat));
+        assert_eq!(
+            Route::of(&Method::POST, "/api/chat"),
+            Route::Model(Endpoint::Chat)
+        );
         assert_eq!(
             Route::of(&Method::POST, "/v1/chat/completions"),
             Route::Model(Endpoint::OpenAiChat)
         );
-        assert_eq!(Route::of(&Method::GET, "/api/chat"), Route::WrongMethod("POST"));
+        assert_eq!(
+            Route::of(&Method::GET, "/api/chat"),
+            Route::WrongMethod("POST")
+        );
         assert_eq!(Route::of(&Method::GET, "/"), Route::Root);
         assert_eq!(Route::of(&Method::HEAD, "/"), Route::Root);
         assert_eq!(Route::of(&Method::GET, "/api/tags"), Route::Tags);
-        assert_eq!(Route::of(&Method::POST, "/api/tags"), Route::WrongMethod("GET"));
+        assert_eq!(
+            Route::of(&Method::POST, "/api/tags"),
+            Route::WrongMethod("GET")
+        );
         assert_eq!(Route::of(&Method::DELETE, "/api/delete"), Route::Management);
         assert_eq!(Route::of(&Method::POST, "/api/pull"), Route::Management);
         assert_eq!(Route::of(&Method::GET, "/nope"), Route::NotFound);

@@ -182,7 +182,9 @@ mod tests {
 
     #[test]
     fn model_may_come_last() {
-        let p = chat(r#"{"messages":[{"role":"user","content":"hi"}],"stream":false,"model":"llama3"}"#);
+        let p = chat(
+            r#"{"messages":[{"role":"user","content":"hi"}],"stream":false,"model":"llama3"}"#,
+        );
         assert_eq!(p.model, "llama3");
         assert_eq!(p.model_key, "llama3:latest");
         assert!(!p.stream);
@@ -192,10 +194,22 @@ mod tests {
     #[test]
     fn stream_defaults_per_api() {
         let body = r#"{"model":"m","messages":[]}"#;
-        assert!(Profile::parse(Endpoint::Chat, body.as_bytes()).unwrap().stream);
-        assert!(!Profile::parse(Endpoint::OpenAiChat, body.as_bytes()).unwrap().stream);
+        assert!(
+            Profile::parse(Endpoint::Chat, body.as_bytes())
+                .unwrap()
+                .stream
+        );
+        assert!(
+            !Profile::parse(Endpoint::OpenAiChat, body.as_bytes())
+                .unwrap()
+                .stream
+        );
         let body = r#"{"model":"m","messages":[],"stream":true}"#;
-        assert!(Profile::parse(Endpoint::OpenAiChat, body.as_bytes()).unwrap().stream);
+        assert!(
+            Profile::parse(Endpoint::OpenAiChat, body.as_bytes())
+                .unwrap()
+                .stream
+        );
     }
 
     #[test]

@@ -40,9 +40,12 @@ pub struct AffinityTable {
 
 impl AffinityTable {
     pub fn new(capacity: usize, ttl: Duration) -> AffinityTable {
-        let per_shard = NonZeroUsize::new(capacity.div_ceil(SHARDS).max(1)).unwrap_or(NonZeroUsize::MIN);
+        let per_shard =
+            NonZeroUsize::new(capacity.div_ceil(SHARDS).max(1)).unwrap_or(NonZeroUsize::MIN);
         AffinityTable {
-            shards: (0..SHARDS).map(|_| Mutex::new(LruCache::new(per_shard))).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(LruCache::new(per_shard)))
+                .collect(),
             ttl,
             epoch: Instant::now(),
         }
@@ -70,7 +73,9 @@ impl AffinityTable {
 
     pub fn insert(&self, hash: u64, entry: Entry) {
         let used_at = self.now();
-        self.shard(hash).lock().put(hash, Stamped { entry, used_at });
+        self.shard(hash)
+            .lock()
+            .put(hash, Stamped { entry, used_at });
     }
 
     pub fn remove(&self, hash: u64) {
@@ -95,7 +100,11 @@ mod tests {
     use super::*;
 
     fn e(node: u16) -> Entry {
-        Entry { node, lineage: 1, depth: 1 }
+        Entry {
+            node,
+            lineage: 1,
+            depth: 1,
+        }
     }
 
     #[test]

@@ -77,7 +77,10 @@ pub enum RouteError {
     NoHealthyNode,
     ModelNotFound(String),
     /// The model exists but no healthy node has the memory for it.
-    TooLarge { model: String, need: u64 },
+    TooLarge {
+        model: String,
+        need: u64,
+    },
 }
 
 impl Decision {
@@ -301,7 +304,8 @@ impl Router {
             // The first boundary too: conversations that share it (a system prompt, a
             // document) find the node that holds it.
             if depth > 1 {
-                self.affinity.insert(p.chain.hashes[1], Entry { depth: 1, ..entry });
+                self.affinity
+                    .insert(p.chain.hashes[1], Entry { depth: 1, ..entry });
             }
         }
     }
@@ -432,7 +436,8 @@ mod tests {
         let mut config = Config::default();
         config.nodes = (0..n)
             .map(|i| {
-                let mut node = NodeConfig::new(&format!("n{i}"), &format!("http://127.0.0.1:{}", 1000 + i));
+                let mut node =
+                    NodeConfig::new(&format!("n{i}"), &format!("http://127.0.0.1:{}", 1000 + i));
                 node.num_parallel = slots;
                 node.memory_gb = Some(24.0);
                 node
@@ -441,11 +446,18 @@ mod tests {
         let fleet = Fleet::new(&config).unwrap();
         fleet.start().now_or_never().unwrap().unwrap();
         for node in &fleet.nodes {
-            let mut inv = Inventory { polled_at: Some(Instant::now()), ..Default::default() };
+            let mut inv = Inventory {
+                polled_at: Some(Instant::now()),
+                ..Default::default()
+            };
             inv.on_disk.insert(MODEL.into(), 4_700_000_000);
             inv.resident.insert(
                 MODEL.into(),
-                Resident { size: 5_000_000_000, context_length: Some(8192), expires_at: None },
+                Resident {
+                    size: 5_000_000_000,
+                    context_length: Some(8192),
+                    expires_at: None,
+                },
             );
             node.update_inventory(inv);
         }
@@ -467,11 +479,19 @@ mod tests {
         let decision = r.decide(p).unwrap();
         let mut d = r.dispatch(&r.fleet.nodes[node], p);
         r.commit(&mut d, p, &decision);
-        d.finish(Outcome { ok: true, ..Default::default() });
+        d.finish(Outcome {
+            ok: true,
+            ..Default::default()
+        });
     }
 
     fn total_of(d: &Decision, node: usize) -> f64 {
-        d.ranked.iter().find(|c| c.node.index == node).unwrap().scores.total()
+        d.ranked
+            .iter()
+            .find(|c| c.node.index == node)
+            .unwrap()
+            .scores
+            .total()
     }
 
     #[test]
@@ -508,7 +528,10 @@ mod tests {
         serve(&r, &chat(&["b"]), 0);
         let d = r.decide(&chat(&["c"])).unwrap();
         assert_eq!(d.ranked[0].node.index, 1);
-        assert_eq!(d.ranked[1].scores.session_affinity, -Weights::default().slot_displacement);
+        assert_eq!(
+            d.ranked[1].scores.session_affinity,
+            -Weights::default().slot_displacement
+        );
         assert_eq!(d.affinity_for(1), AffinityResult::New);
     }
 
@@ -538,7 +561,10 @@ mod tests {
         node.update_inventory(inv);
         let d = r.decide(&chat(&["a", "x", "y"])).unwrap();
         assert_eq!(d.pin, None);
-        assert!(r.affinity.get(chat(&["a"]).chain.last()).is_none(), "entry dropped");
+        assert!(
+            r.affinity.get(chat(&["a"]).chain.last()).is_none(),
+            "entry dropped"
+        );
     }
 
     #[test]
@@ -557,7 +583,10 @@ mod tests {
         let r = router(2, 2);
         let body = br#"{"model":"nope","messages":[]}"#;
         let p = Profile::parse(Endpoint::Chat, body).unwrap();
-        assert_eq!(r.decide(&p).err(), Some(RouteError::ModelNotFound("nope".into())));
+        assert_eq!(
+            r.decide(&p).err(),
+            Some(RouteError::ModelNotFound("nope".into()))
+        );
 
         for node in &r.fleet.nodes {
             let mut inv = (*node.inventory()).clone();
@@ -579,7 +608,10 @@ mod tests {
         let fleet = Fleet::new(&config).unwrap();
         fleet.start().now_or_never().unwrap().unwrap();
         for node in &fleet.nodes {
-            let mut inv = Inventory { polled_at: Some(Instant::now()), ..Default::default() };
+            let mut inv = Inventory {
+                polled_at: Some(Instant::now()),
+                ..Default::default()
+            };
             inv.on_disk.insert("qwen:32b".into(), 20_000_000_000);
             node.update_inventory(inv);
         }

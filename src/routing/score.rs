@@ -69,7 +69,13 @@ pub fn explain<'a>(rows: impl Iterator<Item = (&'a str, &'a Scores)>) -> String 
         }
         let name: String = name
             .chars()
-            .map(|c| if c.is_ascii_graphic() && c != ';' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_graphic() && c != ';' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         // Adding zero turns a negative zero ("-0.0") into a plain one.
         let s = s.map(|x| x + 0.0);
@@ -119,12 +125,22 @@ mod tests {
 
     #[test]
     fn explain_lists_every_signal() {
-        let s = Scores { model_loaded: 50.0, session_affinity: 20.0, ..Default::default() };
+        let s = Scores {
+            model_loaded: 50.0,
+            session_affinity: 20.0,
+            ..Default::default()
+        };
         let text = explain([("desk top", &s), ("b", &Scores::default())].into_iter());
-        assert!(text.starts_with("desk_top total=70.0 loaded=50.0"), "{text}");
+        assert!(
+            text.starts_with("desk_top total=70.0 loaded=50.0"),
+            "{text}"
+        );
         assert!(text.contains("; b total=0.0"));
         assert!(text.is_ascii());
-        let negative_zero = Scores { queue_depth: -0.0, ..Default::default() };
+        let negative_zero = Scores {
+            queue_depth: -0.0,
+            ..Default::default()
+        };
         assert!(explain([("a", &negative_zero)].into_iter()).contains("queue=0.0"));
     }
 }

@@ -179,14 +179,66 @@ mod tests {
     fn memory_fit_orders_resident_free_evicting() {
         let gb = 1_000_000_000;
         let resident = memory_fit(true, Memory::default(), &w()).unwrap();
-        let roomy = memory_fit(false, Memory { need: Some(5 * gb), total: Some(24 * gb), used: 0 }, &w()).unwrap();
-        let tight = memory_fit(false, Memory { need: Some(5 * gb), total: Some(24 * gb), used: 18 * gb }, &w()).unwrap();
-        let evicting = memory_fit(false, Memory { need: Some(5 * gb), total: Some(24 * gb), used: 22 * gb }, &w()).unwrap();
+        let roomy = memory_fit(
+            false,
+            Memory {
+                need: Some(5 * gb),
+                total: Some(24 * gb),
+                used: 0,
+            },
+            &w(),
+        )
+        .unwrap();
+        let tight = memory_fit(
+            false,
+            Memory {
+                need: Some(5 * gb),
+                total: Some(24 * gb),
+                used: 18 * gb,
+            },
+            &w(),
+        )
+        .unwrap();
+        let evicting = memory_fit(
+            false,
+            Memory {
+                need: Some(5 * gb),
+                total: Some(24 * gb),
+                used: 22 * gb,
+            },
+            &w(),
+        )
+        .unwrap();
         assert_eq!(resident, 20.0);
-        assert!(resident > roomy && roomy > tight && tight > evicting, "{roomy} {tight} {evicting}");
+        assert!(
+            resident > roomy && roomy > tight && tight > evicting,
+            "{roomy} {tight} {evicting}"
+        );
         assert!(tight >= 15.0 && evicting <= 5.0);
-        assert_eq!(memory_fit(false, Memory { need: Some(40 * gb), total: Some(24 * gb), used: 0 }, &w()), None);
-        assert_eq!(memory_fit(false, Memory { need: None, total: Some(24 * gb), used: 0 }, &w()), Some(10.0));
+        assert_eq!(
+            memory_fit(
+                false,
+                Memory {
+                    need: Some(40 * gb),
+                    total: Some(24 * gb),
+                    used: 0
+                },
+                &w()
+            ),
+            None
+        );
+        assert_eq!(
+            memory_fit(
+                false,
+                Memory {
+                    need: None,
+                    total: Some(24 * gb),
+                    used: 0
+                },
+                &w()
+            ),
+            Some(10.0)
+        );
     }
 
     #[test]
@@ -197,11 +249,20 @@ mod tests {
 
     #[test]
     fn latency_penalizes_slower_nodes_boundedly() {
-        let best = Speed { prefill: Some(1000.0), decode: Some(50.0) };
+        let best = Speed {
+            prefill: Some(1000.0),
+            decode: Some(50.0),
+        };
         assert_eq!(latency(best, best, &w()), 0.0);
-        let half = Speed { prefill: Some(1000.0), decode: Some(25.0) };
+        let half = Speed {
+            prefill: Some(1000.0),
+            decode: Some(25.0),
+        };
         assert_eq!(latency(half, best, &w()), -7.5);
-        let crawl = Speed { prefill: Some(1.0), decode: Some(0.1) };
+        let crawl = Speed {
+            prefill: Some(1.0),
+            decode: Some(0.1),
+        };
         let p = latency(crawl, best, &w());
         assert!(p < -14.0 && p > -15.0, "{p}");
         assert_eq!(latency(Speed::default(), best, &w()), 0.0);
@@ -209,7 +270,11 @@ mod tests {
 
     #[test]
     fn roles_match_endpoint_model_family_or_size() {
-        let class = RequestClass { endpoint: "chat", model: "llama3:70b", size: Some("large") };
+        let class = RequestClass {
+            endpoint: "chat",
+            model: "llama3:70b",
+            size: Some("large"),
+        };
         let roles = |r: &[&str]| r.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(role_affinity(&roles(&["chat"]), class, &w()), 10.0);
         assert_eq!(role_affinity(&roles(&["llama3:70b"]), class, &w()), 10.0);

@@ -183,7 +183,10 @@ pub async fn chat(router: &Router, turns: &[String]) -> (String, String, String)
     let node = header(&resp, "x-fleet-node");
     let affinity = header(&resp, "x-fleet-affinity");
     let body: serde_json::Value = resp.json().await.unwrap();
-    let text = body["message"]["content"].as_str().unwrap_or_default().to_string();
+    let text = body["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     (node, affinity, text)
 }
 
@@ -209,13 +212,31 @@ impl EchoNode {
         let ps = tags.clone();
         let app = axum::Router::new()
             .route("/", get(|| async { "Ollama is running" }))
-            .route("/api/version", get(|| async { axum::Json(serde_json::json!({ "version": "0.0.0-echo" })) }))
-            .route("/api/tags", get(move || { let t = tags.clone(); async move { axum::Json(t) } }))
-            .route("/api/ps", get(move || { let t = ps.clone(); async move { axum::Json(t) } }))
+            .route(
+                "/api/version",
+                get(|| async { axum::Json(serde_json::json!({ "version": "0.0.0-echo" })) }),
+            )
+            .route(
+                "/api/tags",
+                get(move || {
+                    let t = tags.clone();
+                    async move { axum::Json(t) }
+                }),
+            )
+            .route(
+                "/api/ps",
+                get(move || {
+                    let t = ps.clone();
+                    async move { axum::Json(t) }
+                }),
+            )
             .route(
                 "/api/chat",
                 post(|body: axum::body::Bytes| async move {
-                    ([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], body)
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+                        body,
+                    )
                 }),
             )
             .layer(axum::extract::DefaultBodyLimit::disable());
@@ -228,7 +249,13 @@ impl EchoNode {
     }
 
     pub fn spec(&self, name: &str) -> NodeSpec {
-        NodeSpec { name: name.into(), url: format!("http://{}", self.addr), memory_gb: None, num_parallel: 2, roles: Vec::new() }
+        NodeSpec {
+            name: name.into(),
+            url: format!("http://{}", self.addr),
+            memory_gb: None,
+            num_parallel: 2,
+            roles: Vec::new(),
+        }
     }
 }
 
