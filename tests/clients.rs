@@ -30,7 +30,10 @@ async fn fleet() -> (Vec<corral::standin::StandinNode>, Router) {
 #[tokio::test]
 async fn ollama_rs_chats_streams_generates_embeds_and_lists() {
     let (nodes, router) = fleet().await;
-    let ollama = Ollama::new("http://127.0.0.1", router.addr.port());
+    let ollama = Ollama::builder()
+        .host("http://127.0.0.1")
+        .port(router.addr.port())
+        .build();
 
     let models = ollama.list_local_models().await.expect("list models");
     let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();

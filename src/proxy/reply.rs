@@ -39,12 +39,12 @@ impl Tail {
     /// is not `[DONE]`, or the whole body of a plain JSON reply.
     pub fn last_object(&self) -> Option<&[u8]> {
         let text = &self.buf[..];
-        let lines = text
+        let mut lines = text
             .split(|b| *b == b'\n')
             .map(|l| l.trim_ascii())
             .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
             .filter(|l| l.first() == Some(&b'{'));
-        let last = lines.last()?;
+        let last = lines.next_back()?;
         // A line cut at the front by the buffer is not an object.
         if self.truncated && last.as_ptr() == text.as_ptr() {
             return None;

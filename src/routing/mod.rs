@@ -433,8 +433,7 @@ mod tests {
 
     /// A router over `n` idle nodes that all hold MODEL resident.
     fn router(n: usize, slots: usize) -> Router {
-        let mut config = Config::default();
-        config.nodes = (0..n)
+        let nodes = (0..n)
             .map(|i| {
                 let mut node =
                     NodeConfig::new(&format!("n{i}"), &format!("http://127.0.0.1:{}", 1000 + i));
@@ -443,6 +442,10 @@ mod tests {
                 node
             })
             .collect();
+        let config = Config {
+            nodes,
+            ..Default::default()
+        };
         let fleet = Fleet::new(&config).unwrap();
         fleet.start().now_or_never().unwrap().unwrap();
         for node in &fleet.nodes {
@@ -599,12 +602,14 @@ mod tests {
 
     #[test]
     fn big_model_avoids_small_node() {
-        let mut config = Config::default();
         let mut small = NodeConfig::new("small", "http://127.0.0.1:1001");
         small.memory_gb = Some(8.0);
         let mut big = NodeConfig::new("big", "http://127.0.0.1:1002");
         big.memory_gb = Some(48.0);
-        config.nodes = vec![small, big];
+        let config = Config {
+            nodes: vec![small, big],
+            ..Default::default()
+        };
         let fleet = Fleet::new(&config).unwrap();
         fleet.start().now_or_never().unwrap().unwrap();
         for node in &fleet.nodes {
