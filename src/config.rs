@@ -29,6 +29,8 @@ pub struct Config {
     pub health: HealthConfig,
     pub poll: PollConfig,
     pub affinity: AffinityConfig,
+    /// One JSON line per request: `off`, `stdout`, or a file path to append to.
+    pub access_log: String,
 }
 
 impl Default for Config {
@@ -44,6 +46,7 @@ impl Default for Config {
             health: HealthConfig::default(),
             poll: PollConfig::default(),
             affinity: AffinityConfig::default(),
+            access_log: "off".into(),
         }
     }
 }
@@ -317,6 +320,9 @@ impl Config {
         }
         if self.health.interval.is_zero() || self.poll.interval.is_zero() {
             return Err("health.interval and poll.interval: must be longer than zero".into());
+        }
+        if self.access_log.trim().is_empty() {
+            return Err("access_log: use off, stdout or a file path".into());
         }
         if self.affinity.capacity == 0 {
             return Err("affinity.capacity: must be at least 1".into());

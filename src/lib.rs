@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod fleet;
+pub mod metrics;
 pub mod proxy;
 pub mod request;
 pub mod routing;

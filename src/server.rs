@@ -10,7 +10,8 @@ use pingora_core::services::background::background_service;
 
 use crate::config::Config;
 use crate::fleet::{Fleet, Poller};
-use crate::proxy::Corral;
+use crate::metrics::{FleetCollector, Metrics};
+use crate::proxy::{AccessLog, Corral};
 use crate::routing::Router;
 
 /// Pingora waits this long after SIGTERM by default (300 s): far too long for a router
@@ -44,9 +45,15 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
         .unwrap_or_else(|| Err("node discovery did not complete".into()))?;
     let router = Arc::new(Router::new(fleet.clone(), &config));
 
+    let metrics = Arc::new(Metrics::register().map_err(|e| format!("metrics: {e}"))?);
+    prometheus::register(Box::new(
+        FleetCollector::new(router.clone()).map_err(|e| format!("metrics: {e}"))?,
+    ))
+    .map_err(|e| format!("metrics: {e}"))?;
+    let access_log = AccessLog::open(&config.access_log)?;
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Corral::new(router, &config),
+        Corral::new(router.clone(), &config, metrics, access_log),
         "corral proxy",
     );
     proxy.add_tcp(&config.listen);

@@ -5,6 +5,7 @@
 //! replays at most 64 KiB of a consumed body. Holding the bytes here also makes a retry on
 //! another node send the same body again.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,7 +19,8 @@ use pingora_proxy::Session;
 use super::RequestCtx;
 use super::reply::{ReplyStats, Tail};
 use crate::config::Timeouts;
-use crate::fleet::Node;
+use crate::fleet::{Fleet, Node};
+use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
 use crate::routing::{Candidate, Decision, Dispatch, Outcome, Router};
 
@@ -48,6 +50,7 @@ pub struct Forwarder {
     transport: TransportConnector,
     timeouts: Timeouts,
     max_retries: usize,
+    metrics: Arc<Metrics>,
 }
 
 /// Why an attempt on one node failed before any byte of its reply reached the client, so
@@ -57,6 +60,19 @@ struct AttemptError {
     timed_out: bool,
 }
 
+impl AttemptError {
+    /// The `kind` label of `corral_upstream_errors_total`.
+    fn kind(&self) -> &'static str {
+        use ErrorType::*;
+        match self.error.etype() {
+            _ if self.timed_out => "first_byte_timeout",
+            ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError | ConnectProxyFailure
+            | BindError | TLSHandshakeFailure | TLSHandshakeTimedout => "connect",
+            _ => "reset",
+        }
+    }
+}
+
 enum Wait<T> {
     Done(T),
     TimedOut,
@@ -64,12 +80,26 @@ enum Wait<T> {
 }
 
 impl Forwarder {
-    pub fn new(timeouts: Timeouts, max_retries: usize) -> Forwarder {
+    pub fn new(timeouts: Timeouts, max_retries: usize, metrics: Arc<Metrics>) -> Forwarder {
         Forwarder {
             transport: TransportConnector::new(None),
             timeouts,
             max_retries,
+            metrics,
         }
+    }
+
+    /// Books an attempt that failed before any reply, and keeps it as the last error.
+    fn failed(&self, node: &Node, dispatch: Dispatch, error: AttemptError) -> AttemptError {
+        log::warn!("{}: {}", node.name(), error.error);
+        dispatch.finish(Outcome::default());
+        let name = node.name();
+        self.metrics.retries.with_label_values(&[name]).inc();
+        self.metrics
+            .upstream_errors
+            .with_label_values(&[name, error.kind()])
+            .inc();
+        error
     }
 
     fn peer(&self, node: &Node) -> HttpPeer {
@@ -102,12 +132,11 @@ impl Forwarder {
             let mut upstream = match self.send(&peer, &request, body).await {
                 Ok(upstream) => upstream,
                 Err(error) => {
-                    log::warn!("{}: {}", candidate.node.name(), error);
-                    dispatch.finish(Outcome::default());
-                    last = Some(AttemptError {
+                    let error = AttemptError {
                         error,
                         timed_out: false,
-                    });
+                    };
+                    last = Some(self.failed(&candidate.node, dispatch, error));
                     continue;
                 }
             };
@@ -121,6 +150,7 @@ impl Forwarder {
             match header {
                 Wait::Done(Ok(_)) => {
                     let reply = Relay {
+                        fleet: &router.fleet,
                         candidate,
                         decision,
                         profile,
@@ -179,6 +209,52 @@ impl Forwarder {
         .await
     }
 
+    /// Counts the routing decision once a node has answered.
+    fn book_decision(&self, ctx: &mut RequestCtx, reply: &Relay, labels: &[&str; 2]) {
+        let candidate = reply.candidate;
+        let affinity = reply.decision.affinity_for(candidate.node.index).as_str();
+        let score = candidate.scores.total();
+        self.metrics.affinity.with_label_values(&[affinity]).inc();
+        self.metrics.winning_score.observe(score);
+        if !candidate.resident {
+            self.metrics.cold_loads.with_label_values(labels).inc();
+        }
+        ctx.node = Some(candidate.node.name().to_string());
+        ctx.score = Some(score);
+        ctx.affinity = Some(affinity);
+        ctx.cold_load = !candidate.resident;
+    }
+
+    /// Counts what the reply's final statistics verify: loads, and prompt tokens evaluated
+    /// or served from cache.
+    fn book_stats(&self, stats: &ReplyStats, profile: &Profile, labels: &[&str; 2]) {
+        const LOAD_SECONDS: f64 = 0.1;
+        if stats
+            .load_duration
+            .is_some_and(|ns| ns as f64 / 1e9 >= LOAD_SECONDS)
+        {
+            self.metrics.model_loads.with_label_values(labels).inc();
+        }
+        let (node, model) = (labels[0], labels[1]);
+        let tokens = |kind: &str, n: u64| {
+            self.metrics
+                .prompt_tokens
+                .with_label_values(&[node, model, kind])
+                .inc_by(n)
+        };
+        if let Some((evaluated, cached)) = stats.prompt_tokens() {
+            tokens("evaluated", evaluated);
+            if let Some(cached) = cached {
+                tokens("cached", cached);
+            } else {
+                self.metrics
+                    .prompt_tokens_estimated
+                    .with_label_values(labels)
+                    .inc_by(u64::from(profile.prompt_tokens));
+            }
+        }
+    }
+
     /// Connects and writes the request. A pooled connection the node has closed meanwhile
     /// gets one more try on a fresh connection to the same node.
     async fn send(
@@ -216,10 +292,12 @@ impl Forwarder {
             .resp_header()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "reply header missing"))?;
         let status = upstream_header.status.as_u16();
-        let kind = ReplyKind::of(upstream_header);
+        let framing = ReplyKind::of(upstream_header);
         let header = downstream_header(upstream_header, session, &reply)?;
+        let model = model_label(reply.fleet, &reply.profile.model_key).to_string();
+        let labels = [node.name(), model.as_str()];
+        self.book_decision(ctx, &reply, &labels);
         ctx.status = status;
-        ctx.node = Some(node.name().to_string());
         session
             .write_response_header(Box::new(header), false)
             .await?;
@@ -233,14 +311,20 @@ impl Forwarder {
         let broken = loop {
             match race(session, self.timeouts.idle, upstream.read_body_bytes()).await {
                 Wait::Done(Ok(Some(chunk))) => {
-                    ttfb.get_or_insert_with(|| reply.started.elapsed());
+                    if ttfb.is_none() {
+                        let t = reply.started.elapsed();
+                        self.metrics.ttft.with_label_values(&labels).observe(t.as_secs_f64());
+                        ttfb = Some(t);
+                    }
                     tail.push(&chunk);
                     ctx.bytes_out += chunk.len();
                     session.write_response_body(Some(chunk), false).await?;
                 }
                 Wait::Done(Ok(None)) => break None,
-                Wait::Done(Err(e)) => break Some(e.to_string()),
-                Wait::TimedOut => break Some("no data within the idle timeout".to_string()),
+                Wait::Done(Err(e)) => break Some(("broken_stream", e.to_string())),
+                Wait::TimedOut => {
+                    break Some(("idle_timeout", "no data within the idle timeout".to_string()));
+                }
                 Wait::ClientGone => {
                     ctx.client_gone = true;
                     return Ok(());
@@ -249,11 +333,15 @@ impl Forwarder {
         };
         ctx.ttfb = ttfb;
 
-        if let Some(reason) = &broken {
+        if let Some((kind, reason)) = &broken {
             log::warn!("{}: reply broke off: {reason}", node.name());
+            self.metrics
+                .upstream_errors
+                .with_label_values(&[node.name(), kind])
+                .inc();
             dispatch.finish(Outcome::default());
             ctx.broken = true;
-            let Some(notice) = kind.error_notice(node.name(), reason) else {
+            let Some(notice) = framing.error_notice(node.name(), reason) else {
                 // A reply with a declared length cannot be ended cleanly: let the client
                 // see the connection drop rather than a short body.
                 return Err(Error::explain(
@@ -268,6 +356,15 @@ impl Forwarder {
 
         let stats = tail.last_object().and_then(ReplyStats::parse);
         let ok = status < 500;
+        if !ok {
+            self.metrics
+                .upstream_errors
+                .with_label_values(&[node.name(), "status_5xx"])
+                .inc();
+        }
+        if let Some(stats) = &stats {
+            self.book_stats(stats, reply.profile, &labels);
+        }
         dispatch.finish(Outcome {
             ok,
             ttfb,
@@ -288,6 +385,7 @@ impl Forwarder {
 
 /// The routing facts a reply's headers report.
 struct Relay<'a> {
+    fleet: &'a Fleet,
     candidate: &'a Candidate,
     decision: &'a Decision,
     profile: &'a Profile,

@@ -4,6 +4,7 @@
 //! endpoints have their body read, profiled and scored, and are forwarded by
 //! [`forward::Forwarder`].
 
+mod access_log;
 mod body;
 mod forward;
 mod local;
@@ -20,14 +21,18 @@ use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::{ProxyHttp, Session};
 
 use crate::config::Config;
+use crate::metrics::{Metrics, model_label};
 use crate::request::{Endpoint, Profile, Route};
 use crate::routing::{RouteError, Router};
+pub use access_log::AccessLog;
 pub use reply::ReplyStats;
 
 /// The corral proxy service.
 pub struct Corral {
     router: Arc<Router>,
     forwarder: forward::Forwarder,
+    metrics: Arc<Metrics>,
+    access_log: AccessLog,
     max_body: usize,
     body_read: Duration,
     /// Suggested wait before retrying when no node can serve, in seconds.
@@ -38,9 +43,16 @@ pub struct Corral {
 #[derive(Default)]
 pub struct RequestCtx {
     pub started: Option<Instant>,
+    /// The path label of the request: a routed endpoint, a fleet endpoint, or `other`.
+    pub route: &'static str,
     pub endpoint: Option<Endpoint>,
     pub model: Option<String>,
     pub node: Option<String>,
+    /// The winning node's total score.
+    pub score: Option<f64>,
+    pub affinity: Option<&'static str>,
+    /// Routed to a node where the model was not resident.
+    pub cold_load: bool,
     pub status: u16,
     pub retries: usize,
     pub ttfb: Option<Duration>,
@@ -52,10 +64,21 @@ pub struct RequestCtx {
 }
 
 impl Corral {
-    pub fn new(router: Arc<Router>, config: &Config) -> Corral {
+    pub fn new(
+        router: Arc<Router>,
+        config: &Config,
+        metrics: Arc<Metrics>,
+        access_log: AccessLog,
+    ) -> Corral {
         Corral {
             router,
-            forwarder: forward::Forwarder::new(config.timeouts.clone(), config.limits.max_retries),
+            forwarder: forward::Forwarder::new(
+                config.timeouts.clone(),
+                config.limits.max_retries,
+                metrics.clone(),
+            ),
+            metrics,
+            access_log,
             max_body: config.limits.max_body_bytes,
             body_read: config.timeouts.body_read,
             retry_after: config.health.interval.as_secs().max(1),
@@ -67,6 +90,7 @@ impl Corral {
             let req = session.req_header();
             Route::of(&req.method, req.uri.path())
         };
+        ctx.route = route.label();
         let fleet = &self.router.fleet;
         let (status, result) = match route {
             Route::Model(endpoint) => return self.route_model(session, ctx, endpoint).await,
@@ -181,6 +205,7 @@ impl ProxyHttp for Corral {
     fn new_ctx(&self) -> RequestCtx {
         RequestCtx {
             started: Some(Instant::now()),
+            route: "other",
             ..Default::default()
         }
     }
@@ -200,19 +225,55 @@ impl ProxyHttp for Corral {
         Error::e_explain(ErrorType::InternalError, "corral forwards requests itself")
     }
 
-    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         if let Some(e) = e {
             log::debug!("request ended with error: {e}");
         }
-        log::debug!(
-            "{} {} -> {} status={} retries={} gone={} broken={}",
-            ctx.endpoint.map_or("-", Endpoint::path),
-            ctx.model.as_deref().unwrap_or("-"),
-            ctx.node.as_deref().unwrap_or("-"),
-            ctx.status,
-            ctx.retries,
-            ctx.client_gone,
-            ctx.broken
-        );
+        let elapsed = ctx.started.map(|t| t.elapsed()).unwrap_or_default();
+        // A client that left, or a reply cut short, gets no status of its own from the
+        // node: count it as the 499 and 502 that access logs conventionally use.
+        let status = match (ctx.status, ctx.client_gone, ctx.broken) {
+            (_, true, _) => 499,
+            (_, _, true) => 502,
+            (0, ..) => session.response_written().map_or(0, |r| r.status.as_u16()),
+            (s, ..) => s,
+        };
+        let fleet = &self.router.fleet;
+        let model = ctx.model.as_deref().map(|m| model_label(fleet, m));
+        let node = ctx.node.as_deref();
+        self.metrics
+            .requests
+            .with_label_values(&[
+                node.unwrap_or("none"),
+                model.unwrap_or("none"),
+                ctx.route,
+                &status.to_string(),
+            ])
+            .inc();
+        if let (Some(node), Some(model)) = (node, model) {
+            self.metrics
+                .duration
+                .with_label_values(&[node, model])
+                .observe(elapsed.as_secs_f64());
+        }
+        if self.access_log.enabled() {
+            let req = session.req_header();
+            self.access_log.write(&access_log::Entry {
+                time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+                client: session.client_addr().map(|a| a.to_string()),
+                method: req.method.as_str(),
+                endpoint: req.uri.path(),
+                model: ctx.model.as_deref(),
+                node,
+                score: ctx.score,
+                affinity: ctx.affinity,
+                cold_load: ctx.cold_load,
+                retries: ctx.retries,
+                status,
+                bytes: ctx.bytes_out,
+                ttfb_ms: ctx.ttfb.map(|t| t.as_secs_f64() * 1000.0),
+                duration_ms: elapsed.as_secs_f64() * 1000.0,
+            });
+        }
     }
 }

@@ -105,6 +105,26 @@ impl ReplyStats {
         serde_json::from_slice(object).ok()
     }
 
+    /// Prompt tokens the node evaluated, and those it served from its prefix cache when it
+    /// says so (llama.cpp's timings, OpenAI's cached_tokens; Ollama reports only the
+    /// evaluated ones).
+    pub fn prompt_tokens(&self) -> Option<(u64, Option<u64>)> {
+        if let Some(Timings { prompt_n: Some(evaluated), cache_n: Some(cached), .. }) = &self.timings {
+            return Some((*evaluated, Some(*cached)));
+        }
+        let usage = self.usage.as_ref();
+        let cached = usage
+            .and_then(|u| u.prompt_tokens_details.as_ref())
+            .and_then(|d| d.cached_tokens);
+        if let (Some(total), Some(cached)) = (usage.and_then(|u| u.prompt_tokens), cached) {
+            return Some((total.saturating_sub(cached), Some(cached)));
+        }
+        if let Some(evaluated) = self.prompt_eval_count {
+            return Some((evaluated, None));
+        }
+        usage.and_then(|u| u.prompt_tokens).map(|n| (n, None))
+    }
+
     /// Prompt tokens evaluated per second (only uncached tokens are evaluated).
     pub fn prefill_tps(&self) -> Option<f64> {
         rate(self.prompt_eval_count, self.prompt_eval_duration)
@@ -139,6 +159,13 @@ mod tests {
         let s = ReplyStats::parse(t.last_object().unwrap()).unwrap();
         assert_eq!(s.prefill_tps(), Some(10.0));
         assert_eq!(s.decode_tps(), Some(10.0));
+        assert_eq!(s.prompt_tokens(), Some((10, None)));
+    }
+
+    #[test]
+    fn llama_cpp_timings_report_cache() {
+        let s = ReplyStats::parse(br#"{"timings":{"cache_n":90,"prompt_n":10}}"#).unwrap();
+        assert_eq!(s.prompt_tokens(), Some((10, Some(90))));
     }
 
     #[test]
@@ -146,6 +173,7 @@ mod tests {
         let mut t = Tail::new(1024);
         t.push(b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":9,\"prompt_tokens_details\":{\"cached_tokens\":7}}}\n\ndata: [DONE]\n\n");
         let s = ReplyStats::parse(t.last_object().unwrap()).unwrap();
+        assert_eq!(s.prompt_tokens(), Some((2, Some(7))));
         let usage = s.usage.unwrap();
         assert_eq!(usage.prompt_tokens, Some(9));
         assert_eq!(usage.prompt_tokens_details.unwrap().cached_tokens, Some(7));

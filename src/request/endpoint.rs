@@ -86,6 +86,20 @@ impl Endpoint {
 }
 
 impl Route {
+    /// A bounded label for metrics: the endpoint's path, or `other`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::Model(e) => e.path(),
+            Route::Tags => "/api/tags",
+            Route::OpenAiModels => "/v1/models",
+            Route::Ps => "/api/ps",
+            Route::Version => "/api/version",
+            Route::Root => "/",
+            Route::Management => "management",
+            Route::WrongMethod(_) | Route::NotFound => "other",
+        }
+    }
+
     pub fn of(method: &Method, path: &str) -> Route {
         let path = path.trim_end_matches('/');
         let endpoint = match path {

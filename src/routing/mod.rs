@@ -40,6 +40,8 @@ pub struct Pin {
 pub struct Candidate {
     pub node: Arc<Node>,
     pub scores: Scores,
+    /// The model is resident there: sending the request causes no load.
+    pub resident: bool,
 }
 
 pub struct Decision {
@@ -182,6 +184,7 @@ impl Router {
             ranked.push(Candidate {
                 node: node.clone(),
                 scores,
+                resident,
             });
         }
         if ranked.is_empty() {

@@ -1,0 +1,241 @@
+//! Prometheus metrics, in the `prometheus` crate's default registry that Pingora's
+//! Prometheus service serves.
+//!
+//! Events (requests, retries, cold loads...) are counted as they happen. Fleet state (health,
+//! in-flight counts, resident models) is read when Prometheus scrapes, by [`FleetCollector`],
+//! so gauges are never stale and the request path does no gauge bookkeeping. Labels stay
+//! bounded: nodes come from the config, and a model label only names models some node
+//! reports (others are counted as `other`).
+
+use std::sync::Arc;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, register_histogram,
+    register_histogram_vec, register_int_counter_vec,
+};
+
+use crate::fleet::Fleet;
+use crate::routing::Router;
+
+/// Request and TTFT latencies from a fast cached reply to a cold load of a big model.
+const SECONDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+const SCORES: &[f64] = &[-50.0, -25.0, 0.0, 25.0, 50.0, 75.0, 90.0, 100.0, 110.0, 125.0, 150.0];
+
+pub struct Metrics {
+    pub requests: IntCounterVec,
+    pub affinity: IntCounterVec,
+    pub cold_loads: IntCounterVec,
+    pub model_loads: IntCounterVec,
+    pub prompt_tokens: IntCounterVec,
+    pub prompt_tokens_estimated: IntCounterVec,
+    pub retries: IntCounterVec,
+    pub upstream_errors: IntCounterVec,
+    pub duration: HistogramVec,
+    pub ttft: HistogramVec,
+    pub winning_score: Histogram,
+}
+
+impl Metrics {
+    /// Registers corral's metrics in the default registry. Once per process.
+    pub fn register() -> prometheus::Result<Metrics> {
+        Ok(Metrics {
+            requests: register_int_counter_vec!(
+                "corral_requests_total",
+                "Requests answered, by node (none when no node was chosen), model, endpoint and status.",
+                &["node", "model", "endpoint", "status"]
+            )?,
+            affinity: register_int_counter_vec!(
+                "corral_affinity_total",
+                "Routing decisions by affinity result: hit (sent where the conversation is warm), miss, new.",
+                &["result"]
+            )?,
+            cold_loads: register_int_counter_vec!(
+                "corral_cold_loads_total",
+                "Requests routed to a node where the model was not resident.",
+                &["node", "model"]
+            )?,
+            model_loads: register_int_counter_vec!(
+                "corral_model_loads_total",
+                "Model loads seen in replies (load_duration of at least 0.1 s).",
+                &["node", "model"]
+            )?,
+            prompt_tokens: register_int_counter_vec!(
+                "corral_prompt_tokens_total",
+                "Prompt tokens as nodes reported them: evaluated, or served from the prefix cache.",
+                &["node", "model", "kind"]
+            )?,
+            prompt_tokens_estimated: register_int_counter_vec!(
+                "corral_prompt_tokens_estimated_total",
+                "Prompt tokens as corral estimated them (4 bytes per token) for replies that reported evaluated tokens.",
+                &["node", "model"]
+            )?,
+            retries: register_int_counter_vec!(
+                "corral_retries_total",
+                "Attempts on a node that failed before any reply and moved on to the next node.",
+                &["node"]
+            )?,
+            upstream_errors: register_int_counter_vec!(
+                "corral_upstream_errors_total",
+                "Failures talking to nodes, by kind.",
+                &["node", "kind"]
+            )?,
+            duration: register_histogram_vec!(
+                HistogramOpts::new(
+                    "corral_request_duration_seconds",
+                    "Time from the request's arrival to the reply's last byte."
+                )
+                .buckets(SECONDS.to_vec()),
+                &["node", "model"]
+            )?,
+            ttft: register_histogram_vec!(
+                HistogramOpts::new(
+                    "corral_time_to_first_token_seconds",
+                    "Time from sending the request to a node until the reply's first body byte."
+                )
+                .buckets(SECONDS.to_vec()),
+                &["node", "model"]
+            )?,
+            winning_score: register_histogram!(HistogramOpts::new(
+                "corral_winning_score",
+                "Total score of the node each request was routed to."
+            )
+            .buckets(SCORES.to_vec()))?,
+        })
+    }
+}
+
+/// The model label: the model if some node reports it, else `other`.
+pub fn model_label<'a>(fleet: &Fleet, model: &'a str) -> &'a str {
+    let known = fleet.nodes.iter().any(|n| {
+        let inv = n.inventory();
+        inv.on_disk.contains_key(model) || inv.resident.contains_key(model)
+    });
+    if known { model } else { "other" }
+}
+
+/// Reads fleet state into gauges at scrape time.
+pub struct FleetCollector {
+    router: Arc<Router>,
+    node_up: IntGaugeVec,
+    in_flight: IntGaugeVec,
+    queue_depth: IntGaugeVec,
+    resident_models: IntGaugeVec,
+    model_resident: IntGaugeVec,
+    affinity_entries: IntGauge,
+    success_ratio: prometheus::GaugeVec,
+    descs: Vec<Desc>,
+}
+
+impl FleetCollector {
+    pub fn new(router: Arc<Router>) -> prometheus::Result<FleetCollector> {
+        let node_up = IntGaugeVec::new(
+            Opts::new("corral_node_up", "1 when the node passes health checks."),
+            &["node"],
+        )?;
+        let in_flight = IntGaugeVec::new(
+            Opts::new("corral_in_flight", "Requests sent to the node for the model and not finished."),
+            &["node", "model"],
+        )?;
+        let queue_depth = IntGaugeVec::new(
+            Opts::new(
+                "corral_queue_depth",
+                "Requests in flight beyond the node's num_parallel: waiting in the node's queue.",
+            ),
+            &["node", "model"],
+        )?;
+        let resident_models = IntGaugeVec::new(
+            Opts::new("corral_resident_models", "Models loaded on the node, per its /api/ps."),
+            &["node"],
+        )?;
+        let model_resident = IntGaugeVec::new(
+            Opts::new("corral_model_resident", "1 for each model loaded on the node."),
+            &["node", "model"],
+        )?;
+        let affinity_entries = IntGauge::new(
+            "corral_affinity_entries",
+            "Conversation prefixes in the affinity table.",
+        )?;
+        let success_ratio = prometheus::GaugeVec::new(
+            Opts::new("corral_node_success_ratio", "Recent share of the node's replies that did not fail."),
+            &["node"],
+        )?;
+        let descs = [
+            node_up.desc(),
+            in_flight.desc(),
+            queue_depth.desc(),
+            resident_models.desc(),
+            model_resident.desc(),
+            affinity_entries.desc(),
+            success_ratio.desc(),
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+        Ok(FleetCollector {
+            router,
+            node_up,
+            in_flight,
+            queue_depth,
+            resident_models,
+            model_resident,
+            affinity_entries,
+            success_ratio,
+            descs,
+        })
+    }
+
+    fn refresh(&self) {
+        for gauge in [&self.node_up, &self.in_flight, &self.queue_depth, &self.resident_models, &self.model_resident] {
+            gauge.reset();
+        }
+        self.success_ratio.reset();
+        let fleet = &self.router.fleet;
+        for node in &fleet.nodes {
+            let name = node.name();
+            self.node_up
+                .with_label_values(&[name])
+                .set(i64::from(fleet.is_healthy(node)));
+            self.success_ratio
+                .with_label_values(&[name])
+                .set(node.success_ratio());
+            let inv = node.inventory();
+            self.resident_models
+                .with_label_values(&[name])
+                .set(inv.resident.len() as i64);
+            for model in inv.resident.keys() {
+                self.model_resident.with_label_values(&[name, model]).set(1);
+            }
+            let parallel = node.config.num_parallel as i64;
+            for (model, state) in node.models.lock().iter() {
+                let in_flight = i64::from(state.in_flight);
+                self.in_flight.with_label_values(&[name, model]).set(in_flight);
+                self.queue_depth
+                    .with_label_values(&[name, model])
+                    .set((in_flight - parallel).max(0));
+            }
+        }
+        self.affinity_entries.set(self.router.affinity.len() as i64);
+    }
+}
+
+impl Collector for FleetCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.refresh();
+        let mut families = Vec::new();
+        for gauge in [&self.node_up, &self.in_flight, &self.queue_depth, &self.resident_models, &self.model_resident] {
+            families.extend(gauge.collect());
+        }
+        families.extend(self.affinity_entries.collect());
+        families.extend(self.success_ratio.collect());
+        families
+    }
+}
