@@ -21,6 +21,8 @@ pub struct Config {
     pub metrics_listen: Option<String>,
     /// Address of the admin API; none disables it. Loopback by default.
     pub admin_listen: Option<String>,
+    /// When set, the admin API requires `Authorization: Bearer <admin_token>`.
+    pub admin_token: Option<String>,
     /// The Ollama (or OpenAI-compatible) servers behind corral.
     pub nodes: Vec<NodeConfig>,
     pub weights: Weights,
@@ -39,6 +41,7 @@ impl Default for Config {
             listen: "0.0.0.0:11435".into(),
             metrics_listen: Some("127.0.0.1:9435".into()),
             admin_listen: Some("127.0.0.1:9436".into()),
+            admin_token: None,
             nodes: Vec::new(),
             weights: Weights::default(),
             timeouts: Timeouts::default(),

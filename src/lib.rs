@@ -6,6 +6,7 @@
 //! [`proxy`] forwards the body and streams the reply back. [`standin`] is a simulated Ollama
 //! node used by the demo, the tests and the benchmarks.
 
+pub mod admin;
 pub mod config;
 pub mod fleet;
 pub mod metrics;

@@ -7,7 +7,9 @@ use futures::FutureExt;
 use pingora_core::server::Server;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::services::background::background_service;
+use pingora_core::services::listening::Service;
 
+use crate::admin::Admin;
 use crate::config::Config;
 use crate::fleet::{Fleet, Poller};
 use crate::metrics::{FleetCollector, Metrics};
@@ -67,6 +69,12 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     );
     server.add_service(background_service("fleet poller", poller));
 
+    if let Some(addr) = &config.admin_listen {
+        let admin = Admin::new(router, config.admin_token.clone());
+        let mut service = Service::new("corral admin".into(), admin);
+        service.add_tcp(addr);
+        server.add_service(service);
+    }
     if let Some(addr) = &config.metrics_listen {
         let mut metrics = pingora_prometheus::prometheus_http_service();
         metrics.add_tcp(addr);

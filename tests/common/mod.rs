@@ -62,11 +62,16 @@ impl Router {
     pub async fn start(nodes: Vec<NodeSpec>, extra_yaml: &str) -> Router {
         let port = free_port();
         let mut yaml = format!(
-            "listen: 127.0.0.1:{port}\nmetrics_listen: null\nadmin_listen: null\nthreads: 1\n\
+            "listen: 127.0.0.1:{port}\nthreads: 1\n\
              grace_period_seconds: 0\ngraceful_shutdown_timeout_seconds: 1\n\
              pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n\
              poll:\n  interval: 100ms\n  timeout: 1s\n"
         );
+        for key in ["metrics_listen", "admin_listen"] {
+            if !extra_yaml.contains(key) {
+                yaml.push_str(&format!("{key}: null\n"));
+            }
+        }
         if !extra_yaml.contains("health:") {
             yaml.push_str("health:\n  interval: 500ms\n");
         }

@@ -1,0 +1,248 @@
+//! The admin API: what corral knows about the fleet, and how it would route a request,
+//! as JSON. Served on `admin_listen` (loopback by default), optionally behind a bearer token.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::BytesMut;
+use http::{Response, StatusCode};
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::protocols::http::ServerSession;
+use serde_json::{Value, json};
+
+use crate::fleet::Node;
+use crate::request::{Endpoint, Profile, Route};
+use crate::routing::{RouteError, Router};
+
+/// Largest body `POST /explain` reads.
+const MAX_EXPLAIN_BODY: usize = 64 * 1024 * 1024;
+
+pub struct Admin {
+    router: Arc<Router>,
+    token: Option<String>,
+}
+
+impl Admin {
+    pub fn new(router: Arc<Router>, token: Option<String>) -> Admin {
+        Admin { router, token }
+    }
+
+    fn authorized(&self, session: &ServerSession) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        let given = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        // Compare without stopping at the first difference.
+        given.is_some_and(|g| {
+            g.len() == token.len()
+                && g.bytes()
+                    .zip(token.bytes())
+                    .fold(0, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        })
+    }
+
+    /// Per node: health, models on disk and resident, in-flight and queue per model,
+    /// learned speeds, and the slots holding warm conversations.
+    pub fn fleet_status(&self) -> Value {
+        let fleet = &self.router.fleet;
+        let now = Instant::now();
+        let nodes: Vec<Value> = fleet
+            .nodes
+            .iter()
+            .map(|n| node_status(n, fleet.is_healthy(n), now))
+            .collect();
+        json!({ "nodes": nodes, "affinity_entries": self.router.affinity.len() })
+    }
+
+    /// The scoring table for a request body, without forwarding anything.
+    pub fn explain(&self, endpoint: Endpoint, body: &[u8]) -> (StatusCode, Value) {
+        let profile = match Profile::parse(endpoint, body) {
+            Ok(p) => p,
+            Err(e) => return (StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+        };
+        let decision = match self.router.decide(&profile) {
+            Ok(d) => d,
+            Err(RouteError::ModelNotFound(m)) => {
+                return (
+                    StatusCode::NOT_FOUND,
+                    json!({ "error": format!("model '{m}' not found") }),
+                );
+            }
+            Err(e) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({ "error": format!("{e:?}") }),
+                );
+            }
+        };
+        let fleet = &self.router.fleet;
+        let candidates: Vec<Value> = decision
+            .ranked
+            .iter()
+            .map(|c| {
+                json!({
+                    "node": c.node.name(),
+                    "total": c.scores.total(),
+                    "resident": c.resident,
+                    "affinity": decision.affinity_for(c.node.index).as_str(),
+                    "scores": c.scores,
+                })
+            })
+            .collect();
+        let pin = decision.pin.map(|p| {
+            json!({
+                "node": fleet.nodes.get(p.node).map(|n| n.name()),
+                "depth": p.depth,
+                "continues": p.continues,
+            })
+        });
+        let table = json!({
+            "endpoint": endpoint.path(),
+            "model": profile.model_key,
+            "stream": profile.stream,
+            "prompt_tokens": profile.prompt_tokens,
+            "prefix_depth": profile.chain.depth(),
+            "follow_up": decision.follow_up,
+            "pin": pin,
+            "winner": decision.ranked.first().map(|c| c.node.name()),
+            "candidates": candidates,
+        });
+        (StatusCode::OK, table)
+    }
+}
+
+fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
+    let inv = node.inventory();
+    let resident: Vec<Value> = inv
+        .resident
+        .iter()
+        .map(|(name, r)| {
+            json!({
+                "model": name,
+                "size": r.size,
+                "context_length": r.context_length,
+                "expires_at": r.expires_at,
+            })
+        })
+        .collect();
+    let mut on_disk: Vec<&String> = inv.on_disk.keys().collect();
+    on_disk.sort();
+    let parallel = node.config.num_parallel as u32;
+    let models: serde_json::Map<String, Value> = node
+        .models
+        .lock()
+        .iter()
+        .map(|(name, m)| {
+            let slots: Vec<Value> = m
+                .slots
+                .iter()
+                .filter(|s| s.lineage != 0)
+                .map(|s| {
+                    json!({
+                        "depth": s.depth,
+                        "busy": s.busy,
+                        "idle_seconds": s.last_used.map(|t| now.duration_since(t).as_secs_f64()),
+                    })
+                })
+                .collect();
+            let status = json!({
+                "in_flight": m.in_flight,
+                "queue": m.in_flight.saturating_sub(parallel),
+                "ttfb_ms": m.ttfb_ms.get(),
+                "prefill_tokens_per_second": m.prefill_tps.get(),
+                "decode_tokens_per_second": m.decode_tps.get(),
+                "warm_slots": slots,
+            });
+            (name.clone(), status)
+        })
+        .collect();
+    json!({
+        "name": node.name(),
+        "url": node.config.url,
+        "healthy": healthy,
+        "success_ratio": node.success_ratio(),
+        "memory_gb": node.config.memory_gb,
+        "num_parallel": node.config.num_parallel,
+        "roles": node.config.roles,
+        "polled": inv.polled_at.is_some(),
+        "version": inv.version,
+        "resident": resident,
+        "on_disk": on_disk,
+        "models": models,
+    })
+}
+
+fn reply(status: StatusCode, body: &Value) -> Response<Vec<u8>> {
+    let bytes = serde_json::to_vec_pretty(body).unwrap_or_default();
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::CONTENT_LENGTH, bytes.len())
+        .body(bytes)
+        .unwrap_or_default()
+}
+
+async fn read_body(session: &mut ServerSession) -> Result<BytesMut, String> {
+    let mut body = BytesMut::new();
+    while let Some(chunk) = session
+        .read_request_body()
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        if body.len() + chunk.len() > MAX_EXPLAIN_BODY {
+            return Err("body too large".into());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if !self.authorized(session) {
+            return reply(
+                StatusCode::UNAUTHORIZED,
+                &json!({ "error": "the admin API needs Authorization: Bearer <admin_token>" }),
+            );
+        }
+        let method = session.req_header().method.clone();
+        let path = session.req_header().uri.path().to_string();
+        match (method.as_str(), path.as_str()) {
+            ("GET", "/healthz") => reply(StatusCode::OK, &json!({ "status": "ok" })),
+            ("GET", "/fleet") => reply(StatusCode::OK, &self.fleet_status()),
+            ("POST", "/explain") => {
+                // `?endpoint=/v1/chat/completions` explains for another endpoint.
+                let query = session.req_header().uri.query().unwrap_or("");
+                let target = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("endpoint="))
+                    .unwrap_or("/api/chat");
+                let Route::Model(endpoint) = Route::of(&http::Method::POST, target) else {
+                    return reply(
+                        StatusCode::BAD_REQUEST,
+                        &json!({ "error": format!("'{target}' is not a routed endpoint") }),
+                    );
+                };
+                match read_body(session).await {
+                    Ok(body) => {
+                        let (status, table) = self.explain(endpoint, &body);
+                        reply(status, &table)
+                    }
+                    Err(e) => reply(StatusCode::BAD_REQUEST, &json!({ "error": e })),
+                }
+            }
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                &json!({ "error": "admin endpoints: GET /fleet, POST /explain, GET /healthz" }),
+            ),
+        }
+    }
+}
