@@ -12,8 +12,8 @@ use std::sync::Arc;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, register_histogram,
-    register_histogram_vec, register_int_counter_vec,
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    register_histogram, register_histogram_vec, register_int_counter_vec,
 };
 
 use crate::fleet::Fleet;
@@ -23,7 +23,9 @@ use crate::routing::Router;
 const SECONDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
-const SCORES: &[f64] = &[-50.0, -25.0, 0.0, 25.0, 50.0, 75.0, 90.0, 100.0, 110.0, 125.0, 150.0];
+const SCORES: &[f64] = &[
+    -50.0, -25.0, 0.0, 25.0, 50.0, 75.0, 90.0, 100.0, 110.0, 125.0, 150.0,
+];
 
 pub struct Metrics {
     pub requests: IntCounterVec,
@@ -99,11 +101,13 @@ impl Metrics {
                 .buckets(SECONDS.to_vec()),
                 &["node", "model"]
             )?,
-            winning_score: register_histogram!(HistogramOpts::new(
-                "corral_winning_score",
-                "Total score of the node each request was routed to."
-            )
-            .buckets(SCORES.to_vec()))?,
+            winning_score: register_histogram!(
+                HistogramOpts::new(
+                    "corral_winning_score",
+                    "Total score of the node each request was routed to."
+                )
+                .buckets(SCORES.to_vec())
+            )?,
         })
     }
 }
@@ -137,7 +141,10 @@ impl FleetCollector {
             &["node"],
         )?;
         let in_flight = IntGaugeVec::new(
-            Opts::new("corral_in_flight", "Requests sent to the node for the model and not finished."),
+            Opts::new(
+                "corral_in_flight",
+                "Requests sent to the node for the model and not finished.",
+            ),
             &["node", "model"],
         )?;
         let queue_depth = IntGaugeVec::new(
@@ -148,11 +155,17 @@ impl FleetCollector {
             &["node", "model"],
         )?;
         let resident_models = IntGaugeVec::new(
-            Opts::new("corral_resident_models", "Models loaded on the node, per its /api/ps."),
+            Opts::new(
+                "corral_resident_models",
+                "Models loaded on the node, per its /api/ps.",
+            ),
             &["node"],
         )?;
         let model_resident = IntGaugeVec::new(
-            Opts::new("corral_model_resident", "1 for each model loaded on the node."),
+            Opts::new(
+                "corral_model_resident",
+                "1 for each model loaded on the node.",
+            ),
             &["node", "model"],
         )?;
         let affinity_entries = IntGauge::new(
@@ -160,7 +173,10 @@ impl FleetCollector {
             "Conversation prefixes in the affinity table.",
         )?;
         let success_ratio = prometheus::GaugeVec::new(
-            Opts::new("corral_node_success_ratio", "Recent share of the node's replies that did not fail."),
+            Opts::new(
+                "corral_node_success_ratio",
+                "Recent share of the node's replies that did not fail.",
+            ),
             &["node"],
         )?;
         let descs = [
@@ -190,7 +206,13 @@ impl FleetCollector {
     }
 
     fn refresh(&self) {
-        for gauge in [&self.node_up, &self.in_flight, &self.queue_depth, &self.resident_models, &self.model_resident] {
+        for gauge in [
+            &self.node_up,
+            &self.in_flight,
+            &self.queue_depth,
+            &self.resident_models,
+            &self.model_resident,
+        ] {
             gauge.reset();
         }
         self.success_ratio.reset();
@@ -213,7 +235,9 @@ impl FleetCollector {
             let parallel = node.config.num_parallel as i64;
             for (model, state) in node.models.lock().iter() {
                 let in_flight = i64::from(state.in_flight);
-                self.in_flight.with_label_values(&[name, model]).set(in_flight);
+                self.in_flight
+                    .with_label_values(&[name, model])
+                    .set(in_flight);
                 self.queue_depth
                     .with_label_values(&[name, model])
                     .set((in_flight - parallel).max(0));
@@ -231,7 +255,13 @@ impl Collector for FleetCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         self.refresh();
         let mut families = Vec::new();
-        for gauge in [&self.node_up, &self.in_flight, &self.queue_depth, &self.resident_models, &self.model_resident] {
+        for gauge in [
+            &self.node_up,
+            &self.in_flight,
+            &self.queue_depth,
+            &self.resident_models,
+            &self.model_resident,
+        ] {
             families.extend(gauge.collect());
         }
         families.extend(self.affinity_entries.collect());

@@ -70,7 +70,9 @@ impl AccessLog {
 
     pub fn write(&self, entry: &Entry) {
         let Some(sender) = &self.sender else { return };
-        let Ok(line) = serde_json::to_string(entry) else { return };
+        let Ok(line) = serde_json::to_string(entry) else {
+            return;
+        };
         if let Err(TrySendError::Full(_)) = sender.try_send(line) {
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if dropped.is_power_of_two() {

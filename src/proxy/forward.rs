@@ -66,8 +66,10 @@ impl AttemptError {
         use ErrorType::*;
         match self.error.etype() {
             _ if self.timed_out => "first_byte_timeout",
-            ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError | ConnectProxyFailure
-            | BindError | TLSHandshakeFailure | TLSHandshakeTimedout => "connect",
+            ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError
+            | ConnectProxyFailure | BindError | TLSHandshakeFailure | TLSHandshakeTimedout => {
+                "connect"
+            }
             _ => "reset",
         }
     }
@@ -313,7 +315,10 @@ impl Forwarder {
                 Wait::Done(Ok(Some(chunk))) => {
                     if ttfb.is_none() {
                         let t = reply.started.elapsed();
-                        self.metrics.ttft.with_label_values(&labels).observe(t.as_secs_f64());
+                        self.metrics
+                            .ttft
+                            .with_label_values(&labels)
+                            .observe(t.as_secs_f64());
                         ttfb = Some(t);
                     }
                     tail.push(&chunk);
@@ -323,7 +328,10 @@ impl Forwarder {
                 Wait::Done(Ok(None)) => break None,
                 Wait::Done(Err(e)) => break Some(("broken_stream", e.to_string())),
                 Wait::TimedOut => {
-                    break Some(("idle_timeout", "no data within the idle timeout".to_string()));
+                    break Some((
+                        "idle_timeout",
+                        "no data within the idle timeout".to_string(),
+                    ));
                 }
                 Wait::ClientGone => {
                     ctx.client_gone = true;

@@ -109,7 +109,12 @@ impl ReplyStats {
     /// says so (llama.cpp's timings, OpenAI's cached_tokens; Ollama reports only the
     /// evaluated ones).
     pub fn prompt_tokens(&self) -> Option<(u64, Option<u64>)> {
-        if let Some(Timings { prompt_n: Some(evaluated), cache_n: Some(cached), .. }) = &self.timings {
+        if let Some(Timings {
+            prompt_n: Some(evaluated),
+            cache_n: Some(cached),
+            ..
+        }) = &self.timings
+        {
             return Some((*evaluated, Some(*cached)));
         }
         let usage = self.usage.as_ref();
