@@ -54,7 +54,7 @@ impl Admin {
         let fleet = &self.router.fleet;
         let now = Instant::now();
         let nodes: Vec<Value> = fleet
-            .nodes
+            .nodes()
             .iter()
             .map(|n| node_status(n, fleet.is_healthy(n), now))
             .collect();
@@ -91,14 +91,14 @@ impl Admin {
                     "node": c.node.name(),
                     "total": c.scores.total(),
                     "resident": c.resident,
-                    "affinity": decision.affinity_for(c.node.index).as_str(),
+                    "affinity": decision.affinity_for(c.node.id).as_str(),
                     "scores": c.scores,
                 })
             })
             .collect();
         let pin = decision.pin.map(|p| {
             json!({
-                "node": fleet.nodes.get(p.node).map(|n| n.name()),
+                "node": fleet.node(p.node).map(|n| n.name().to_string()),
                 "depth": p.depth,
                 "continues": p.continues,
             })
@@ -134,7 +134,8 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
         .collect();
     let mut on_disk: Vec<&String> = inv.on_disk.keys().collect();
     on_disk.sort();
-    let parallel = node.config.num_parallel as u32;
+    let settings = node.settings();
+    let parallel = settings.num_parallel as u32;
     let models: serde_json::Map<String, Value> = node
         .models
         .lock()
@@ -165,12 +166,13 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
         .collect();
     json!({
         "name": node.name(),
-        "url": node.config.url,
+        "url": node.url(),
         "healthy": healthy,
         "success_ratio": node.success_ratio(),
-        "memory_gb": node.config.memory_gb,
-        "num_parallel": node.config.num_parallel,
-        "roles": node.config.roles,
+        "memory_gb": settings.memory_gb,
+        "num_parallel": settings.num_parallel,
+        "roles": settings.roles,
+        "breaker_open": node.breaker.lock().is_open(),
         "polled": inv.polled_at.is_some(),
         "version": inv.version,
         "resident": resident,

@@ -31,6 +31,15 @@ pub struct Config {
     pub health: HealthConfig,
     pub poll: PollConfig,
     pub affinity: AffinityConfig,
+    pub breaker: BreakerConfig,
+    pub queue: QueueConfig,
+    /// Watch the configuration file and reload it when it changes, checking this often.
+    /// SIGHUP reloads it in any case.
+    #[serde(with = "humantime_serde")]
+    pub watch_config: Option<Duration>,
+    /// When set, clients must send `Authorization: Bearer <key>` with one of these keys.
+    pub api_keys: Vec<String>,
+    pub management: ManagementConfig,
     /// One JSON line per request: `off`, `stdout`, or a file path to append to.
     pub access_log: String,
 }
@@ -49,6 +58,11 @@ impl Default for Config {
             health: HealthConfig::default(),
             poll: PollConfig::default(),
             affinity: AffinityConfig::default(),
+            breaker: BreakerConfig::default(),
+            queue: QueueConfig::default(),
+            watch_config: None,
+            api_keys: Vec::new(),
+            management: ManagementConfig::default(),
             access_log: "off".into(),
         }
     }
@@ -227,6 +241,59 @@ impl Default for AffinityConfig {
     }
 }
 
+/// Passive failure detection per node.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Consecutive failures (refused, timed out, reset, broken replies, 5xx) that cut a node off.
+    pub failures: u32,
+    /// How long a cut-off node gets no requests before one probe is let through.
+    #[serde(with = "humantime_serde")]
+    pub cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failures: 3,
+            cooldown: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The router-side queue: at most `num_parallel` requests run on a node per model; the
+/// rest wait in corral, where they can still go to whichever node frees up first.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// Requests waiting at once, fleet-wide; past it, 503.
+    pub max_waiting: usize,
+    /// Longest a request waits for a slot; past it, 503.
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+    /// Requests one client address may have in flight or waiting; past it, 429. None: no limit.
+    pub per_client: Option<usize>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            max_waiting: 1024,
+            max_wait: Duration::from_secs(120),
+            per_client: None,
+        }
+    }
+}
+
+/// Pull, push, create, copy and delete change one node. Off unless enabled here; when
+/// enabled, a request must name its node (`X-Fleet-Target`) and carry the admin token
+/// (`X-Fleet-Admin-Token`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ManagementConfig {
+    pub enabled: bool,
+}
+
 /// A node's URL, resolved once at start.
 #[derive(Clone, Debug)]
 pub struct NodeAddress {
@@ -323,6 +390,18 @@ impl Config {
         }
         if self.health.interval.is_zero() || self.poll.interval.is_zero() {
             return Err("health.interval and poll.interval: must be longer than zero".into());
+        }
+        if self.management.enabled && self.admin_token.is_none() {
+            return Err("management.enabled: needs admin_token to be set".into());
+        }
+        if self.breaker.failures == 0 {
+            return Err("breaker.failures: must be at least 1".into());
+        }
+        if self.queue.per_client == Some(0) {
+            return Err("queue.per_client: must be at least 1 (or omitted)".into());
+        }
+        if self.watch_config.is_some_and(|d| d.is_zero()) {
+            return Err("watch_config: must be longer than zero".into());
         }
         if self.access_log.trim().is_empty() {
             return Err("access_log: use off, stdout or a file path".into());

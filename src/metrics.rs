@@ -114,7 +114,7 @@ impl Metrics {
 
 /// The model label: the model if some node reports it, else `other`.
 pub fn model_label<'a>(fleet: &Fleet, model: &'a str) -> &'a str {
-    let known = fleet.nodes.iter().any(|n| {
+    let known = fleet.nodes().iter().any(|n| {
         let inv = n.inventory();
         inv.on_disk.contains_key(model) || inv.resident.contains_key(model)
     });
@@ -217,7 +217,7 @@ impl FleetCollector {
         }
         self.success_ratio.reset();
         let fleet = &self.router.fleet;
-        for node in &fleet.nodes {
+        for node in fleet.nodes().iter() {
             let name = node.name();
             self.node_up
                 .with_label_values(&[name])
@@ -232,7 +232,7 @@ impl FleetCollector {
             for model in inv.resident.keys() {
                 self.model_resident.with_label_values(&[name, model]).set(1);
             }
-            let parallel = node.config.num_parallel as i64;
+            let parallel = node.settings().num_parallel as i64;
             for (model, state) in node.models.lock().iter() {
                 let in_flight = i64::from(state.in_flight);
                 self.in_flight

@@ -55,18 +55,14 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     let access_log = AccessLog::open(&config.access_log)?;
     let mut proxy = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        Corral::new(router.clone(), &config, metrics, access_log),
+        Corral::new(router.clone(), metrics, access_log),
         "corral proxy",
     );
     proxy.add_tcp(&config.listen);
     server.add_service(proxy);
 
     server.add_service(background_service("health checks", fleet.health_service()));
-    let poller = Poller::new(
-        fleet.nodes.clone(),
-        config.poll.interval,
-        config.poll.timeout,
-    );
+    let poller = Poller::new(fleet.clone(), config.poll.interval, config.poll.timeout);
     server.add_service(background_service("fleet poller", poller));
 
     if let Some(addr) = &config.admin_listen {

@@ -133,24 +133,40 @@ async fn one_mib_body_is_retried_on_the_next_node_after_a_refused_connection() {
 }
 
 #[tokio::test]
-async fn requests_fail_over_when_a_node_dies() {
+async fn requests_fail_over_when_a_node_dies_and_return_when_it_recovers() {
     let a = start(fast_node("a")).await;
     let b = start(fast_node("b")).await;
+    // Active checks are slow here: the circuit breaker takes the dead node out.
     let router = Router::start(
         vec![NodeSpec::of(&a, 2), NodeSpec::of(&b, 2)],
-        "health:\n  interval: 1h\n",
+        "health:\n  interval: 1h\nbreaker:\n  failures: 2\n  cooldown: 300ms\n",
     )
     .await;
     a.stop().await;
-    for i in 0..6 {
-        let (node, _, _) = chat(&router, &[format!("question {i}")]).await;
-        assert_eq!(node, "b");
+    let mut retried = 0;
+    for i in 0..8 {
+        let resp = client()
+            .post(format!("{}/api/chat", router.url()))
+            .json(&chat_body(&[format!("question {i}")], false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(&resp, "x-fleet-node"), "b");
+        retried += header(&resp, "x-fleet-retries").parse::<usize>().unwrap();
     }
-    // Back again: once b is busy, a takes work again despite its recent failure.
+    assert_eq!(
+        retried, 2,
+        "two refused connections open the breaker; later requests skip a"
+    );
+
+    // Back again: after the cool-down a probe goes through, closes the breaker, and a
+    // takes work again.
     a.restart().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let router = &router;
     let nodes = futures::future::join_all(
-        (0..6).map(|i| async move { chat(router, &[format!("again {i}")]).await.0 }),
+        (0..8).map(|i| async move { chat(router, &[format!("again {i}")]).await.0 }),
     )
     .await;
     assert!(

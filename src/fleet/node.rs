@@ -94,8 +94,12 @@ pub struct ModelState {
 
 /// A node: its configuration, its health handle, and the state corral keeps for it.
 pub struct Node {
-    pub index: usize,
-    pub config: NodeConfig,
+    /// Stable for the node's life, never reused: affinity entries name nodes by it.
+    pub id: u16,
+    name: String,
+    url: String,
+    /// Memory, roles, parallel slots: may change on a configuration reload.
+    settings: ArcSwap<NodeConfig>,
     pub address: NodeAddress,
     /// Its identity in Pingora's health checks.
     pub backend: Backend,
@@ -103,6 +107,57 @@ pub struct Node {
     pub models: Mutex<HashMap<String, ModelState>>,
     /// Recent ratio of replies that were not failures (1.0 = all good).
     pub success: Mutex<SuccessRatio>,
+    /// Passive failure detection, between active health checks.
+    pub breaker: Mutex<Breaker>,
+}
+
+/// A circuit breaker: consecutive failures open it and the node gets no requests; after a
+/// cool-down one request goes through as a probe (half-open), and its success closes it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Breaker {
+    failures: u32,
+    open_until: Option<Instant>,
+    probing: bool,
+}
+
+impl Breaker {
+    /// Whether a request may be sent now.
+    pub fn admits(&self, now: Instant) -> bool {
+        match self.open_until {
+            None => true,
+            Some(until) => now >= until && !self.probing,
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open_until.is_some()
+    }
+
+    /// A request is sent: past the cool-down it is the one half-open probe. Returns
+    /// whether it is the probe.
+    pub fn on_dispatch(&mut self, now: Instant) -> bool {
+        let probe = self.open_until.is_some_and(|until| now >= until);
+        self.probing |= probe;
+        probe
+    }
+
+    /// The probe ended without an outcome (the client left): let another request probe.
+    pub fn probe_abandoned(&mut self) {
+        self.probing = false;
+    }
+
+    pub fn record(&mut self, ok: bool, now: Instant, threshold: u32, cooldown: Duration) {
+        self.probing = false;
+        if ok {
+            self.failures = 0;
+            self.open_until = None;
+            return;
+        }
+        self.failures = self.failures.saturating_add(1);
+        if self.failures >= threshold.max(1) {
+            self.open_until = Some(now + cooldown);
+        }
+    }
 }
 
 /// A node's recent success ratio. It starts at 1 (no evidence against a node) and drifts
@@ -146,22 +201,37 @@ impl Default for SuccessRatio {
 }
 
 impl Node {
-    pub fn new(index: usize, config: NodeConfig) -> Result<Node, String> {
+    pub fn new(id: u16, config: NodeConfig) -> Result<Node, String> {
         let address = config.address()?;
         let backend = Backend::new(&address.addr.to_string()).map_err(|e| e.to_string())?;
         Ok(Node {
-            index,
-            config,
+            id,
+            name: config.name.clone(),
+            url: config.url.clone(),
+            settings: ArcSwap::from_pointee(config),
             address,
             backend,
             inventory: ArcSwap::from_pointee(Inventory::default()),
             models: Mutex::new(HashMap::new()),
             success: Mutex::new(SuccessRatio::new()),
+            breaker: Mutex::new(Breaker::default()),
         })
     }
 
     pub fn name(&self) -> &str {
-        &self.config.name
+        &self.name
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn settings(&self) -> Arc<NodeConfig> {
+        self.settings.load_full()
+    }
+
+    pub fn set_settings(&self, config: NodeConfig) {
+        self.settings.store(Arc::new(config));
     }
 
     pub fn inventory(&self) -> Arc<Inventory> {
@@ -172,8 +242,12 @@ impl Node {
         self.success.lock().get(Instant::now())
     }
 
-    pub fn record_outcome(&self, ok: bool) {
-        self.success.lock().record(ok, Instant::now());
+    pub fn record_outcome(&self, ok: bool, breaker: &crate::config::BreakerConfig) {
+        let now = Instant::now();
+        self.success.lock().record(ok, now);
+        self.breaker
+            .lock()
+            .record(ok, now, breaker.failures, breaker.cooldown);
     }
 
     /// Installs a fresh inventory. Slots of models that the node no longer holds are
@@ -227,6 +301,38 @@ mod tests {
         assert!((r.get(t0 + SuccessRatio::HALF_LIFE) - 0.9).abs() < 1e-9);
         r.record(true, t0);
         assert!(r.get(t0) > 0.8);
+    }
+
+    #[test]
+    fn breaker_opens_after_consecutive_failures_and_closes_after_a_probe() {
+        let t0 = Instant::now();
+        let cool = Duration::from_secs(5);
+        let mut b = Breaker::default();
+        assert!(b.admits(t0));
+        b.record(false, t0, 3, cool);
+        b.record(false, t0, 3, cool);
+        assert!(b.admits(t0), "two failures are not three");
+        b.record(true, t0, 3, cool);
+        for _ in 0..3 {
+            b.record(false, t0, 3, cool);
+        }
+        assert!(b.is_open() && !b.admits(t0));
+        let later = t0 + cool;
+        assert!(b.admits(later), "half-open after the cool-down");
+        assert!(b.on_dispatch(later));
+        assert!(!b.admits(later), "one probe at a time");
+        b.record(false, later, 3, cool);
+        assert!(!b.admits(later), "a failed probe reopens it");
+        let again = later + cool;
+        assert!(b.on_dispatch(again));
+        b.probe_abandoned();
+        assert!(
+            b.admits(again),
+            "an abandoned probe frees the way for another"
+        );
+        b.on_dispatch(again);
+        b.record(true, again, 3, cool);
+        assert!(!b.is_open() && b.admits(again));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use serde::Deserialize;
 
+use super::Fleet;
 use super::node::{Inventory, Node, Resident};
 use crate::request::normalize_model;
 
@@ -49,20 +50,20 @@ impl ModelEntry {
 }
 
 pub struct Poller {
-    nodes: Vec<Arc<Node>>,
+    fleet: Arc<Fleet>,
     client: reqwest::Client,
     interval: Duration,
 }
 
 impl Poller {
-    pub fn new(nodes: Vec<Arc<Node>>, interval: Duration, timeout: Duration) -> Poller {
+    pub fn new(fleet: Arc<Fleet>, interval: Duration, timeout: Duration) -> Poller {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .build()
             .unwrap_or_default();
         Poller {
-            nodes,
+            fleet,
             client,
             interval,
         }
@@ -70,13 +71,14 @@ impl Poller {
 
     /// Polls every node once, concurrently.
     pub async fn poll_all(&self) {
-        let polls = self.nodes.iter().map(|node| self.poll(node));
+        let nodes = self.fleet.nodes();
+        let polls = nodes.iter().map(|node| self.poll(node));
         futures::future::join_all(polls).await;
     }
 
     async fn poll(&self, node: &Node) {
         let started = Instant::now();
-        let base = node.config.url.trim_end_matches('/');
+        let base = node.url().trim_end_matches('/');
         let (tags, ps, version) = tokio::join!(
             self.get::<ModelList>(format!("{base}/api/tags")),
             self.get::<ModelList>(format!("{base}/api/ps")),

@@ -6,6 +6,7 @@
 //! another node send the same body again.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,11 +19,11 @@ use pingora_proxy::Session;
 
 use super::RequestCtx;
 use super::reply::{ReplyStats, Tail};
-use crate::config::Timeouts;
+use crate::config::{Config, Timeouts};
 use crate::fleet::{Fleet, Node};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
-use crate::routing::{Candidate, Decision, Dispatch, Outcome, Router};
+use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router};
 
 /// Headers that describe one connection, not the message, and are never forwarded; and the
 /// router's own headers, which a client must not be able to forge.
@@ -48,8 +49,6 @@ const WHOLE_TAIL: usize = 1024 * 1024;
 
 pub struct Forwarder {
     transport: TransportConnector,
-    timeouts: Timeouts,
-    max_retries: usize,
     metrics: Arc<Metrics>,
 }
 
@@ -82,17 +81,15 @@ enum Wait<T> {
 }
 
 impl Forwarder {
-    pub fn new(timeouts: Timeouts, max_retries: usize, metrics: Arc<Metrics>) -> Forwarder {
+    pub fn new(metrics: Arc<Metrics>) -> Forwarder {
         Forwarder {
             transport: TransportConnector::new(None),
-            timeouts,
-            max_retries,
             metrics,
         }
     }
 
     /// Books an attempt that failed before any reply, and keeps it as the last error.
-    fn failed(&self, node: &Node, dispatch: Dispatch, error: AttemptError) -> AttemptError {
+    fn failed(&self, node: &Node, mut dispatch: Dispatch, error: AttemptError) -> AttemptError {
         log::warn!("{}: {}", node.name(), error.error);
         dispatch.finish(Outcome::default());
         let name = node.name();
@@ -104,117 +101,177 @@ impl Forwarder {
         error
     }
 
-    fn peer(&self, node: &Node) -> HttpPeer {
-        let a = &node.address;
-        let mut peer = HttpPeer::new(a.addr, a.tls, a.host.clone());
-        peer.options.connection_timeout = Some(self.timeouts.connect);
-        peer.options.write_timeout = Some(self.timeouts.idle);
-        peer.options.idle_timeout = Some(POOL_IDLE);
-        peer
-    }
-
-    /// Tries the ranked candidates in order until one answers, then streams its reply.
+    /// Finds a node with a free slot for the request, sends it, and streams the reply.
+    /// When every candidate is busy the request waits in corral (bounded in count and
+    /// time) and is scored again whenever a request finishes. A node that fails before
+    /// replying is left out and the request is scored again without it, at most
+    /// `limits.max_retries` times.
     pub async fn forward(
         &self,
-        router: &Router,
+        router: &Arc<Router>,
         session: &mut Session,
         ctx: &mut RequestCtx,
         body: &Bytes,
         profile: &Profile,
-        decision: &Decision,
     ) -> Result<()> {
-        let attempts = decision.ranked.len().min(1 + self.max_retries);
+        let config = router.config();
+        let deadline = Instant::now() + config.queue.max_wait;
+        let mut tried: Vec<u16> = Vec::new();
         let mut last: Option<AttemptError> = None;
-        for (retries, candidate) in decision.ranked.iter().take(attempts).enumerate() {
-            ctx.retries = retries;
-            let mut dispatch = router.dispatch(&candidate.node, profile);
-            let peer = self.peer(&candidate.node);
-            let request = upstream_request(session.req_header(), &candidate.node, body.len())?;
-            let started = Instant::now();
-            let mut upstream = match self.send(&peer, &request, body).await {
-                Ok(upstream) => upstream,
-                Err(error) => {
-                    let error = AttemptError {
-                        error,
-                        timed_out: false,
-                    };
-                    last = Some(self.failed(&candidate.node, dispatch, error));
-                    continue;
+        let mut waiting: Option<Waiting> = None;
+        loop {
+            // Listen before looking, so that a slot freed meanwhile is not missed.
+            let freed = router.slot_freed();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let decision = match (router.decide(profile), &last) {
+                (Ok(decision), _) => decision,
+                (Err(_), Some(_)) => return fail(session, ctx, last, tried.len()).await,
+                (Err(e), None) => return refuse(session, ctx, e, &config).await,
+            };
+            let (next, any_untried) = pick(router, &decision, &tried, profile);
+            if !any_untried {
+                return fail(session, ctx, last, tried.len()).await;
+            }
+            let Some((candidate, dispatch)) = next else {
+                // Every candidate runs as many requests as it has slots: wait for one.
+                if waiting.is_none() {
+                    match Waiting::join(router, config.queue.max_waiting) {
+                        Some(w) => waiting = Some(w),
+                        None => {
+                            return busy(
+                                session,
+                                ctx,
+                                "too many requests are waiting for a node",
+                                &config,
+                            )
+                            .await;
+                        }
+                    }
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                match race(session, left, freed.as_mut()).await {
+                    Wait::Done(()) => continue,
+                    Wait::TimedOut => {
+                        return busy(session, ctx, "no node had a free slot in time", &config)
+                            .await;
+                    }
+                    Wait::ClientGone => {
+                        ctx.client_gone = true;
+                        return Ok(());
+                    }
                 }
             };
-            router.commit(&mut dispatch, profile, decision);
-            let header = race(
-                session,
-                self.timeouts.first_byte,
-                upstream.read_resp_header_parts(),
-            )
-            .await;
-            match header {
-                Wait::Done(Ok(_)) => {
-                    let reply = Relay {
-                        fleet: &router.fleet,
-                        candidate,
-                        decision,
-                        profile,
-                        started,
-                        retries,
-                    };
-                    return self
-                        .relay(session, ctx, upstream, &peer, dispatch, reply)
-                        .await;
-                }
-                Wait::Done(Err(error)) => {
-                    log::warn!("{}: no reply: {}", candidate.node.name(), error);
-                    dispatch.finish(Outcome::default());
-                    last = Some(AttemptError {
-                        error,
-                        timed_out: false,
-                    });
-                }
-                Wait::TimedOut => {
-                    log::warn!(
-                        "{}: no reply within first_byte timeout",
-                        candidate.node.name()
-                    );
-                    dispatch.finish(Outcome::default());
-                    last = Some(AttemptError {
-                        error: Error::explain(
-                            ErrorType::ReadTimedout,
-                            "waiting for the first byte",
-                        ),
-                        timed_out: true,
-                    });
-                }
-                Wait::ClientGone => {
-                    // Dropping the upstream session closes its connection, which makes
-                    // Ollama cancel the generation.
-                    ctx.client_gone = true;
-                    return Ok(());
+            waiting = None;
+            let attempt = Attempt {
+                router,
+                candidate,
+                decision: &decision,
+                profile,
+                retries: tried.len(),
+            };
+            match self
+                .attempt(session, ctx, body, attempt, dispatch, &config.timeouts)
+                .await
+            {
+                Ok(result) => return result,
+                Err(error) => {
+                    tried.push(candidate.node.id);
+                    last = Some(error);
+                    if tried.len() > config.limits.max_retries {
+                        return fail(session, ctx, last, tried.len()).await;
+                    }
                 }
             }
         }
-        let (status, reason) = match &last {
-            Some(e) if e.timed_out => (504, e.error.to_string()),
-            Some(e) => (502, e.error.to_string()),
-            None => (502, "no candidate".to_string()),
+    }
+
+    /// One try on one node. `Err` when it failed before any reply reached the client, so
+    /// another node may be tried; `Ok` with the request's final result otherwise.
+    async fn attempt(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        body: &Bytes,
+        attempt: Attempt<'_>,
+        mut dispatch: Dispatch,
+        timeouts: &Timeouts,
+    ) -> std::result::Result<Result<()>, AttemptError> {
+        let node = &attempt.candidate.node;
+        ctx.retries = attempt.retries;
+        let peer = peer(node, timeouts);
+        let request = match upstream_request(session.req_header(), node, body.len()) {
+            Ok(request) => request,
+            Err(e) => return Ok(Err(e)),
         };
-        ctx.status = status;
-        let message = format!(
-            "no node could serve the request after {attempts} attempt(s); last error: {reason}"
-        );
-        super::respond::error(
+        let started = Instant::now();
+        let mut upstream = match self.send(&peer, &request, body).await {
+            Ok(upstream) => upstream,
+            Err(error) => {
+                let error = AttemptError {
+                    error,
+                    timed_out: false,
+                };
+                return Err(self.failed(node, dispatch, error));
+            }
+        };
+        attempt
+            .router
+            .commit(&mut dispatch, attempt.profile, attempt.decision);
+        let header = race(
             session,
-            status,
-            &message,
-            &[("X-Fleet-Retries", attempts.saturating_sub(1).to_string())],
+            timeouts.first_byte,
+            upstream.read_resp_header_parts(),
         )
-        .await
+        .await;
+        let error = match header {
+            Wait::Done(Ok(_)) => {
+                let reply = Relay {
+                    fleet: &attempt.router.fleet,
+                    candidate: attempt.candidate,
+                    decision: attempt.decision,
+                    profile: attempt.profile,
+                    started,
+                    retries: attempt.retries,
+                };
+                let result = self
+                    .relay(
+                        session,
+                        ctx,
+                        upstream,
+                        &peer,
+                        dispatch,
+                        reply,
+                        timeouts.idle,
+                    )
+                    .await;
+                return Ok(result);
+            }
+            Wait::Done(Err(error)) => AttemptError {
+                error,
+                timed_out: false,
+            },
+            Wait::TimedOut => AttemptError {
+                error: Error::explain(
+                    ErrorType::ReadTimedout,
+                    "no reply within the first_byte timeout",
+                ),
+                timed_out: true,
+            },
+            Wait::ClientGone => {
+                // Dropping the upstream session closes its connection, which makes
+                // Ollama cancel the generation.
+                ctx.client_gone = true;
+                return Ok(Ok(()));
+            }
+        };
+        Err(self.failed(node, dispatch, error))
     }
 
     /// Counts the routing decision once a node has answered.
     fn book_decision(&self, ctx: &mut RequestCtx, reply: &Relay, labels: &[&str; 2]) {
         let candidate = reply.candidate;
-        let affinity = reply.decision.affinity_for(candidate.node.index).as_str();
+        let affinity = reply.decision.affinity_for(candidate.node.id).as_str();
         let score = candidate.scores.total();
         self.metrics.affinity.with_label_values(&[affinity]).inc();
         self.metrics.winning_score.observe(score);
@@ -286,8 +343,9 @@ impl Forwarder {
         ctx: &mut RequestCtx,
         mut upstream: HttpSession,
         peer: &HttpPeer,
-        dispatch: Dispatch,
+        mut dispatch: Dispatch,
         reply: Relay<'_>,
+        idle: Duration,
     ) -> Result<()> {
         let node = &reply.candidate.node;
         let upstream_header = upstream
@@ -311,7 +369,7 @@ impl Forwarder {
         });
         let mut ttfb = None;
         let broken = loop {
-            match race(session, self.timeouts.idle, upstream.read_body_bytes()).await {
+            match race(session, idle, upstream.read_body_bytes()).await {
                 Wait::Done(Ok(Some(chunk))) => {
                     if ttfb.is_none() {
                         let t = reply.started.elapsed();
@@ -388,6 +446,124 @@ impl Forwarder {
             }
         }
         Ok(())
+    }
+}
+
+/// The best candidate not tried yet that has a free slot, counted against it; and whether
+/// any candidate is left untried at all.
+fn pick<'d>(
+    router: &Arc<Router>,
+    decision: &'d Decision,
+    tried: &[u16],
+    profile: &Profile,
+) -> (Option<(&'d Candidate, Dispatch)>, bool) {
+    let mut any_untried = false;
+    for candidate in &decision.ranked {
+        if tried.contains(&candidate.node.id) {
+            continue;
+        }
+        any_untried = true;
+        if let Some(dispatch) = router.try_dispatch(&candidate.node, profile) {
+            return (Some((candidate, dispatch)), true);
+        }
+    }
+    (None, any_untried)
+}
+
+/// What one try on one node needs to know.
+struct Attempt<'a> {
+    router: &'a Arc<Router>,
+    candidate: &'a Candidate,
+    decision: &'a Decision,
+    profile: &'a Profile,
+    retries: usize,
+}
+
+/// A request waiting for a slot, counted while it waits.
+struct Waiting(Arc<Router>);
+
+impl Waiting {
+    /// Joins the wait, unless `max` requests already wait.
+    fn join(router: &Arc<Router>, max: usize) -> Option<Waiting> {
+        let before = router.waiting.fetch_add(1, Ordering::AcqRel);
+        let waiting = Waiting(router.clone());
+        (before < max).then_some(waiting)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn peer(node: &Node, timeouts: &Timeouts) -> HttpPeer {
+    let a = &node.address;
+    let mut peer = HttpPeer::new(a.addr, a.tls, a.host.clone());
+    peer.options.connection_timeout = Some(timeouts.connect);
+    peer.options.write_timeout = Some(timeouts.idle);
+    peer.options.idle_timeout = Some(POOL_IDLE);
+    peer
+}
+
+/// Every node tried failed before replying.
+async fn fail(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    last: Option<AttemptError>,
+    attempts: usize,
+) -> Result<()> {
+    let (status, reason) = match &last {
+        Some(e) if e.timed_out => (504, e.error.to_string()),
+        Some(e) => (502, e.error.to_string()),
+        None => (502, "no node to try".to_string()),
+    };
+    ctx.status = status;
+    let message = format!(
+        "no node could serve the request after {attempts} attempt(s); last error: {reason}"
+    );
+    let retries = [("X-Fleet-Retries", attempts.saturating_sub(1).to_string())];
+    super::respond::error(session, status, &message, &retries).await
+}
+
+/// No node can take the request now: 503, with a hint when to try again.
+async fn busy(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    message: &str,
+    config: &Config,
+) -> Result<()> {
+    ctx.status = 503;
+    let retry_after = [("Retry-After", retry_after(config).to_string())];
+    super::respond::error(session, 503, message, &retry_after).await
+}
+
+fn retry_after(config: &Config) -> u64 {
+    config.health.interval.as_secs().max(1)
+}
+
+/// The router found no node for the request.
+async fn refuse(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    e: RouteError,
+    config: &Config,
+) -> Result<()> {
+    match e {
+        RouteError::NoHealthyNode => {
+            busy(session, ctx, "no healthy node in the fleet", config).await
+        }
+        RouteError::TooLarge { model, need } => {
+            let message = format!(
+                "model '{model}' needs {:.1} GB, more memory than any healthy node has",
+                need as f64 / 1e9
+            );
+            busy(session, ctx, &message, config).await
+        }
+        RouteError::ModelNotFound(model) => {
+            ctx.status = 404;
+            super::respond::error(session, 404, &format!("model '{model}' not found"), &[]).await
+        }
     }
 }
 
@@ -525,7 +701,7 @@ fn downstream_header(
     )?;
     header.insert_header(
         "X-Fleet-Affinity",
-        reply.decision.affinity_for(node.index).as_str(),
+        reply.decision.affinity_for(node.id).as_str(),
     )?;
     header.insert_header("X-Fleet-Retries", reply.retries.to_string())?;
     if wants_explain(session) {

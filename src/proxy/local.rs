@@ -35,6 +35,7 @@ pub fn openai_models(fleet: &Fleet) -> Value {
 pub fn version(fleet: &Fleet) -> Value {
     let oldest = fleet
         .healthy()
+        .iter()
         .filter_map(|n| n.inventory().version.clone())
         .min_by(|a, b| version_key(a).cmp(&version_key(b)));
     json!({ "version": oldest.unwrap_or_else(|| "0.0.0".into()) })
@@ -48,7 +49,7 @@ fn version_key(v: &str) -> Vec<u64> {
 
 fn union(fleet: &Fleet, pick: impl Fn(&crate::fleet::Inventory) -> &Vec<Value>) -> Vec<Value> {
     let mut by_name: BTreeMap<String, Value> = BTreeMap::new();
-    for node in fleet.healthy() {
+    for node in fleet.healthy().iter() {
         let inv = node.inventory();
         for entry in pick(&inv) {
             let Some(name) = entry

@@ -20,10 +20,9 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::{ProxyHttp, Session};
 
-use crate::config::Config;
 use crate::metrics::{Metrics, model_label};
 use crate::request::{Endpoint, Profile, Route};
-use crate::routing::{RouteError, Router};
+use crate::routing::Router;
 pub use access_log::AccessLog;
 pub use reply::ReplyStats;
 
@@ -33,10 +32,6 @@ pub struct Corral {
     forwarder: forward::Forwarder,
     metrics: Arc<Metrics>,
     access_log: AccessLog,
-    max_body: usize,
-    body_read: Duration,
-    /// Suggested wait before retrying when no node can serve, in seconds.
-    retry_after: u64,
 }
 
 /// What is known about one request as it goes; read by logging and metrics.
@@ -64,24 +59,12 @@ pub struct RequestCtx {
 }
 
 impl Corral {
-    pub fn new(
-        router: Arc<Router>,
-        config: &Config,
-        metrics: Arc<Metrics>,
-        access_log: AccessLog,
-    ) -> Corral {
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, access_log: AccessLog) -> Corral {
         Corral {
             router,
-            forwarder: forward::Forwarder::new(
-                config.timeouts.clone(),
-                config.limits.max_retries,
-                metrics.clone(),
-            ),
+            forwarder: forward::Forwarder::new(metrics.clone()),
             metrics,
             access_log,
-            max_body: config.limits.max_body_bytes,
-            body_read: config.timeouts.body_read,
-            retry_after: config.health.interval.as_secs().max(1),
         }
     }
 
@@ -148,7 +131,9 @@ impl Corral {
         endpoint: Endpoint,
     ) -> Result<()> {
         ctx.endpoint = Some(endpoint);
-        let body = match body::read(session, self.max_body, self.body_read).await {
+        let config = self.router.config();
+        let limit = config.limits.max_body_bytes;
+        let body = match body::read(session, limit, config.timeouts.body_read).await {
             Ok(body) => body,
             Err(e) => {
                 // What is left of the body is not read: the connection cannot be reused.
@@ -165,36 +150,9 @@ impl Corral {
             }
         };
         ctx.model = Some(profile.model_key.clone());
-        let decision = match self.router.decide(&profile) {
-            Ok(d) => d,
-            Err(e) => return self.refuse(session, ctx, e).await,
-        };
         self.forwarder
-            .forward(&self.router, session, ctx, &body, &profile, &decision)
+            .forward(&self.router, session, ctx, &body, &profile)
             .await
-    }
-
-    async fn refuse(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        e: RouteError,
-    ) -> Result<()> {
-        let retry_after = [("Retry-After", self.retry_after.to_string())];
-        let (status, message, extra): (u16, String, &[_]) = match e {
-            RouteError::NoHealthyNode => (503, "no healthy node in the fleet".into(), &retry_after),
-            RouteError::ModelNotFound(model) => (404, format!("model '{model}' not found"), &[]),
-            RouteError::TooLarge { model, need } => (
-                503,
-                format!(
-                    "model '{model}' needs {:.1} GB, more memory than any healthy node has",
-                    need as f64 / 1e9
-                ),
-                &retry_after,
-            ),
-        };
-        ctx.status = status;
-        respond::error(session, status, &message, extra).await
     }
 }
 

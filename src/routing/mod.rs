@@ -7,28 +7,37 @@ pub mod score;
 pub mod signals;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
 
 pub use affinity::{AffinityTable, Entry};
 pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
-use crate::config::{Config, Weights};
+use crate::config::{BreakerConfig, Config};
 use crate::fleet::{Fleet, ModelState, Node, Slot};
 use crate::request::Profile;
 
 pub struct Router {
     pub fleet: Arc<Fleet>,
     pub affinity: AffinityTable,
-    weights: Weights,
+    /// The configuration in force; replaced whole on reload.
+    config: ArcSwap<Config>,
     next_lineage: AtomicU64,
+    /// Woken whenever a request finishes, so that waiting requests look again.
+    slot_freed: Notify,
+    /// Requests waiting for a slot, fleet-wide.
+    pub waiting: AtomicUsize,
 }
 
 /// The node holding a request's longest warm prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pin {
-    pub node: usize,
+    /// The node's id.
+    pub node: u16,
     pub lineage: u64,
     /// Boundaries of the request that the node holds.
     pub depth: usize,
@@ -86,7 +95,8 @@ pub enum RouteError {
 }
 
 impl Decision {
-    pub fn affinity_for(&self, node: usize) -> AffinityResult {
+    /// The affinity result if the request goes to the node with this id.
+    pub fn affinity_for(&self, node: u16) -> AffinityResult {
         match self.pin {
             Some(pin) if pin.node == node => AffinityResult::Hit,
             Some(_) => AffinityResult::Miss,
@@ -101,9 +111,29 @@ impl Router {
         Router {
             fleet,
             affinity: AffinityTable::new(config.affinity.capacity, config.affinity.ttl),
-            weights: config.weights.clone(),
+            config: ArcSwap::from_pointee(config.clone()),
             next_lineage: AtomicU64::new(1),
+            slot_freed: Notify::new(),
+            waiting: AtomicUsize::new(0),
         }
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Installs a reloaded configuration. The fleet's node list is applied separately
+    /// ([`Fleet::apply`]); the affinity table keeps its size and TTL until a restart.
+    pub fn set_config(&self, config: Config) {
+        self.config.store(Arc::new(config));
+        // Limits may have grown: let waiting requests look again.
+        self.slot_freed.notify_waiters();
+    }
+
+    /// A future that completes when some request finishes. Create it before looking for
+    /// a free slot, so that a slot freed in between is not missed.
+    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.slot_freed.notified()
     }
 
     fn ttl(&self) -> Duration {
@@ -112,15 +142,20 @@ impl Router {
 
     /// Scores every healthy node that has the model and ranks them.
     pub fn decide(&self, p: &Profile) -> Result<Decision, RouteError> {
-        let healthy: Vec<&Arc<Node>> = self.fleet.healthy().collect();
+        let config = self.config();
+        let now = Instant::now();
+        let nodes = self.fleet.nodes();
+        let healthy: Vec<&Arc<Node>> = nodes
+            .iter()
+            .filter(|n| self.fleet.is_healthy(n) && n.breaker.lock().admits(now))
+            .collect();
         if healthy.is_empty() {
             return Err(RouteError::NoHealthyNode);
         }
         let (pin, went_cold) = self.find_pin(p);
         let model = p.model_key.as_str();
-        let need = model_size(&self.fleet.nodes, model);
-        let best = best_speed(&self.fleet.nodes, model);
-        let now = Instant::now();
+        let need = model_size(&nodes, model);
+        let best = best_speed(&nodes, model);
         let class = RequestClass {
             endpoint: p.endpoint.class(),
             model,
@@ -130,6 +165,7 @@ impl Router {
         let mut ranked = Vec::with_capacity(healthy.len());
         let mut too_large = false;
         for node in healthy {
+            let settings = node.settings();
             let inv = node.inventory();
             let known_empty = inv.polled_at.is_some();
             let resident_now = inv.resident.get(model);
@@ -145,17 +181,18 @@ impl Router {
             let resident = resident_now.is_some() || served_since_poll;
             let memory = Memory {
                 need,
-                total: node.config.memory_bytes(),
+                total: settings.memory_bytes(),
                 used: inv.resident.values().map(|r| r.size).sum(),
             };
-            let Some(memory_fit) = signals::memory_fit(resident, memory, &self.weights) else {
+            let w = &config.weights;
+            let Some(memory_fit) = signals::memory_fit(resident, memory, w) else {
                 too_large = true;
                 continue;
             };
-            let warmth = if pin.is_some_and(|pin| pin.node == node.index) {
+            let warmth = if pin.is_some_and(|pin| pin.node == node.id) {
                 Warmth::HoldsPrefix
             } else if p.endpoint.generates()
-                && all_slots_warm(&state, node.config.num_parallel, now, self.ttl())
+                && all_slots_warm(&state, settings.num_parallel, now, self.ttl())
             {
                 Warmth::WouldDisplace
             } else {
@@ -165,13 +202,12 @@ impl Router {
                 prefill: state.prefill_tps.get(),
                 decode: state.decode_tps.get(),
             };
-            let w = &self.weights;
             let scores = Scores {
                 model_loaded: signals::model_loaded(resident, w),
                 memory_fit,
                 queue_depth: signals::queue_depth(state.in_flight, w),
                 latency: signals::latency(speed, best, w),
-                role_affinity: signals::role_affinity(&node.config.roles, class, w),
+                role_affinity: signals::role_affinity(&settings.roles, class, w),
                 availability: signals::availability(node.success_ratio(), w),
                 context_fit: signals::context_fit(
                     p.prompt_tokens,
@@ -219,7 +255,7 @@ impl Router {
             let Some(entry) = self.affinity.get(hash) else {
                 continue;
             };
-            let node = self.fleet.nodes.get(usize::from(entry.node));
+            let node = self.fleet.node(entry.node);
             let slot_depth = node.and_then(|node| {
                 let models = node.models.lock();
                 let state = models.get(&p.model_key)?;
@@ -232,7 +268,7 @@ impl Router {
             match slot_depth {
                 Some(slot_depth) => {
                     let pin = Pin {
-                        node: usize::from(entry.node),
+                        node: entry.node,
                         lineage: entry.lineage,
                         depth,
                         continues: slot_depth == depth,
@@ -248,19 +284,28 @@ impl Router {
         (None, went_cold)
     }
 
-    /// Counts the request against the node while it runs. The returned guard gives the
-    /// count back when dropped, on every path.
-    pub fn dispatch(&self, node: &Arc<Node>, p: &Profile) -> Dispatch {
-        node.models
-            .lock()
-            .entry(p.model_key.clone())
-            .or_default()
-            .in_flight += 1;
-        Dispatch {
+    /// Counts the request against the node while it runs, if the node runs fewer than
+    /// `num_parallel` requests for the model (else the request should wait, or go
+    /// elsewhere). The returned guard gives the count back when dropped, on every path.
+    pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Dispatch> {
+        let parallel = node.settings().num_parallel.max(1) as u32;
+        {
+            let mut models = node.models.lock();
+            let state = models.entry(p.model_key.clone()).or_default();
+            if state.in_flight >= parallel {
+                return None;
+            }
+            state.in_flight += 1;
+        }
+        let probe = node.breaker.lock().on_dispatch(Instant::now());
+        Some(Dispatch {
+            router: self.clone(),
             node: node.clone(),
             model: p.model_key.clone(),
             slot: None,
-        }
+            probe,
+            finished: false,
+        })
     }
 
     /// Records that the request reached the node: it now occupies one of the model's slots
@@ -272,11 +317,11 @@ impl Router {
         }
         let node = &dispatch.node;
         let now = Instant::now();
-        let pin = decision.pin.filter(|pin| pin.node == node.index);
+        let pin = decision.pin.filter(|pin| pin.node == node.id);
+        let parallel = node.settings().num_parallel.max(1);
         let (index, lineage) = {
             let mut models = node.models.lock();
             let state = models.entry(p.model_key.clone()).or_default();
-            let parallel = node.config.num_parallel.max(1);
             if state.slots.len() != parallel {
                 state.slots.resize(parallel, Slot::default());
             }
@@ -299,7 +344,7 @@ impl Router {
         let depth = p.chain.depth();
         if depth > 0 {
             let entry = Entry {
-                node: node.index as u16,
+                node: node.id,
                 lineage,
                 depth: depth as u32,
             };
@@ -314,11 +359,16 @@ impl Router {
     }
 }
 
-/// A request counted against a node. Dropping it gives back the in-flight count and the slot.
+/// A request counted against a node. Dropping it gives back the in-flight count and the
+/// slot, and wakes requests waiting for one.
 pub struct Dispatch {
+    router: Arc<Router>,
     pub node: Arc<Node>,
     model: String,
     slot: Option<usize>,
+    /// This request is the circuit breaker's half-open probe.
+    probe: bool,
+    finished: bool,
 }
 
 /// What a finished reply taught about the node.
@@ -331,8 +381,10 @@ pub struct Outcome {
 }
 
 impl Dispatch {
-    pub fn finish(&self, outcome: Outcome) {
-        self.node.record_outcome(outcome.ok);
+    pub fn finish(&mut self, outcome: Outcome) {
+        self.finished = true;
+        let breaker: BreakerConfig = self.router.config.load().breaker.clone();
+        self.node.record_outcome(outcome.ok, &breaker);
         if !outcome.ok {
             return;
         }
@@ -353,14 +405,20 @@ impl Dispatch {
 
 impl Drop for Dispatch {
     fn drop(&mut self) {
-        let mut models = self.node.models.lock();
-        if let Some(state) = models.get_mut(&self.model) {
-            state.in_flight = state.in_flight.saturating_sub(1);
-            if let Some(slot) = self.slot.and_then(|i| state.slots.get_mut(i)) {
-                slot.busy = slot.busy.saturating_sub(1);
-                slot.last_used = Some(Instant::now());
+        {
+            let mut models = self.node.models.lock();
+            if let Some(state) = models.get_mut(&self.model) {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                if let Some(slot) = self.slot.and_then(|i| state.slots.get_mut(i)) {
+                    slot.busy = slot.busy.saturating_sub(1);
+                    slot.last_used = Some(Instant::now());
+                }
             }
         }
+        if self.probe && !self.finished {
+            self.node.breaker.lock().probe_abandoned();
+        }
+        self.router.slot_freed.notify_waiters();
     }
 }
 
@@ -427,7 +485,7 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::NodeConfig;
+    use crate::config::{NodeConfig, Weights};
     use crate::fleet::{Inventory, Resident};
     use crate::request::Endpoint;
     use futures::FutureExt;
@@ -435,7 +493,7 @@ mod tests {
     const MODEL: &str = "llama3:8b";
 
     /// A router over `n` idle nodes that all hold MODEL resident.
-    fn router(n: usize, slots: usize) -> Router {
+    fn router(n: usize, slots: usize) -> Arc<Router> {
         let nodes = (0..n)
             .map(|i| {
                 let mut node =
@@ -451,7 +509,7 @@ mod tests {
         };
         let fleet = Fleet::new(&config).unwrap();
         fleet.start().now_or_never().unwrap().unwrap();
-        for node in &fleet.nodes {
+        for node in fleet.nodes().iter() {
             let mut inv = Inventory {
                 polled_at: Some(Instant::now()),
                 ..Default::default()
@@ -467,7 +525,7 @@ mod tests {
             );
             node.update_inventory(inv);
         }
-        Router::new(Arc::new(fleet), &config)
+        Arc::new(Router::new(Arc::new(fleet), &config))
     }
 
     fn chat(turns: &[&str]) -> Profile {
@@ -481,9 +539,9 @@ mod tests {
     }
 
     /// Sends a request to `node` as the proxy would, and finishes it.
-    fn serve(r: &Router, p: &Profile, node: usize) {
+    fn serve(r: &Arc<Router>, p: &Profile, node: usize) {
         let decision = r.decide(p).unwrap();
-        let mut d = r.dispatch(&r.fleet.nodes[node], p);
+        let mut d = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
         r.commit(&mut d, p, &decision);
         d.finish(Outcome {
             ok: true,
@@ -494,7 +552,7 @@ mod tests {
     fn total_of(d: &Decision, node: usize) -> f64 {
         d.ranked
             .iter()
-            .find(|c| c.node.index == node)
+            .find(|c| usize::from(c.node.id) == node)
             .unwrap()
             .scores
             .total()
@@ -513,16 +571,16 @@ mod tests {
         assert!((total_of(&d, 0) - total_of(&d, 1) - 20.0).abs() < 1e-9);
 
         let other = chat(&["unrelated"]);
-        let _one = r.dispatch(&r.fleet.nodes[0], &other);
+        let _one = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
         let d = r.decide(&follow_up).unwrap();
         let lead = total_of(&d, 0) - total_of(&d, 1);
         assert!((lead - 7.333).abs() < 0.001, "{lead}");
         assert_eq!(format!("{lead:.1}"), "7.3");
 
-        let _two = r.dispatch(&r.fleet.nodes[0], &other);
+        let _two = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
         let d = r.decide(&follow_up).unwrap();
         assert!((total_of(&d, 0) - total_of(&d, 1) + 2.0).abs() < 1e-9);
-        assert_eq!(d.ranked[0].node.index, 1, "the idle peer wins at depth two");
+        assert_eq!(d.ranked[0].node.id, 1, "the idle peer wins at depth two");
         assert_eq!(d.affinity_for(1), AffinityResult::Miss);
     }
 
@@ -533,7 +591,7 @@ mod tests {
         serve(&r, &chat(&["a"]), 0);
         serve(&r, &chat(&["b"]), 0);
         let d = r.decide(&chat(&["c"])).unwrap();
-        assert_eq!(d.ranked[0].node.index, 1);
+        assert_eq!(d.ranked[0].node.id, 1);
         assert_eq!(
             d.ranked[1].scores.session_affinity,
             -Weights::default().slot_displacement
@@ -560,7 +618,7 @@ mod tests {
         let r = router(2, 2);
         serve(&r, &chat(&["a"]), 1);
         assert!(r.decide(&chat(&["a", "x", "y"])).unwrap().pin.is_some());
-        let node = &r.fleet.nodes[1];
+        let node = &r.fleet.nodes()[1];
         let mut inv = (*node.inventory()).clone();
         inv.resident.clear();
         inv.polled_at = Some(Instant::now());
@@ -578,10 +636,10 @@ mod tests {
         let r = router(1, 2);
         let p = chat(&["a"]);
         {
-            let _d = r.dispatch(&r.fleet.nodes[0], &p);
-            assert_eq!(r.fleet.nodes[0].models.lock()[MODEL].in_flight, 1);
+            let _d = r.try_dispatch(&r.fleet.nodes()[0], &p).unwrap();
+            assert_eq!(r.fleet.nodes()[0].models.lock()[MODEL].in_flight, 1);
         }
-        assert_eq!(r.fleet.nodes[0].models.lock()[MODEL].in_flight, 0);
+        assert_eq!(r.fleet.nodes()[0].models.lock()[MODEL].in_flight, 0);
     }
 
     #[test]
@@ -594,7 +652,7 @@ mod tests {
             Some(RouteError::ModelNotFound("nope".into()))
         );
 
-        for node in &r.fleet.nodes {
+        for node in r.fleet.nodes().iter() {
             let mut inv = (*node.inventory()).clone();
             inv.on_disk.insert("big:70b".into(), 40_000_000_000);
             node.update_inventory(inv);
@@ -615,7 +673,7 @@ mod tests {
         };
         let fleet = Fleet::new(&config).unwrap();
         fleet.start().now_or_never().unwrap().unwrap();
-        for node in &fleet.nodes {
+        for node in fleet.nodes().iter() {
             let mut inv = Inventory {
                 polled_at: Some(Instant::now()),
                 ..Default::default()
@@ -623,7 +681,7 @@ mod tests {
             inv.on_disk.insert("qwen:32b".into(), 20_000_000_000);
             node.update_inventory(inv);
         }
-        let r = Router::new(Arc::new(fleet), &config);
+        let r = Arc::new(Router::new(Arc::new(fleet), &config));
         let p = Profile::parse(Endpoint::Chat, br#"{"model":"qwen:32b","messages":[]}"#).unwrap();
         let d = r.decide(&p).unwrap();
         assert_eq!(d.ranked.len(), 1);
@@ -636,7 +694,7 @@ mod tests {
         let b = router(3, 2);
         for c in ["x", "y", "z", "w"] {
             let p = chat(&[c]);
-            let pick = |r: &Router| r.decide(&p).unwrap().ranked[0].node.index;
+            let pick = |r: &Arc<Router>| r.decide(&p).unwrap().ranked[0].node.id;
             assert_eq!(pick(&a), pick(&b));
         }
     }
