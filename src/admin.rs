@@ -20,16 +20,17 @@ const MAX_EXPLAIN_BODY: usize = 64 * 1024 * 1024;
 
 pub struct Admin {
     router: Arc<Router>,
-    token: Option<String>,
 }
 
 impl Admin {
-    pub fn new(router: Arc<Router>, token: Option<String>) -> Admin {
-        Admin { router, token }
+    pub fn new(router: Arc<Router>) -> Admin {
+        Admin { router }
     }
 
+    /// The token in force (it may change on reload) matches the request's bearer token.
     fn authorized(&self, session: &ServerSession) -> bool {
-        let Some(token) = &self.token else {
+        let config = self.router.config();
+        let Some(token) = &config.admin_token else {
             return true;
         };
         let given = session
@@ -38,14 +39,7 @@ impl Admin {
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        // Compare without stopping at the first difference.
-        given.is_some_and(|g| {
-            g.len() == token.len()
-                && g.bytes()
-                    .zip(token.bytes())
-                    .fold(0, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-        })
+        given.is_some_and(|g| crate::proxy::same_secret(g, token))
     }
 
     /// Per node: health, models on disk and resident, in-flight and queue per model,
@@ -58,7 +52,11 @@ impl Admin {
             .iter()
             .map(|n| node_status(n, fleet.is_healthy(n), now))
             .collect();
-        json!({ "nodes": nodes, "affinity_entries": self.router.affinity.len() })
+        json!({
+            "nodes": nodes,
+            "affinity_entries": self.router.affinity.len(),
+            "waiting": self.router.waiting.load(std::sync::atomic::Ordering::Relaxed),
+        })
     }
 
     /// The scoring table for a request body, without forwarding anything.

@@ -11,6 +11,7 @@ pub mod config;
 pub mod fleet;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod request;
 pub mod routing;
 pub mod server;

@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::fleet::{Fleet, Poller};
 use crate::metrics::{FleetCollector, Metrics};
 use crate::proxy::{AccessLog, Corral};
+use crate::reload::Reloader;
 use crate::routing::Router;
 
 /// Pingora waits this long after SIGTERM by default (300 s): far too long for a router
@@ -35,7 +36,7 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
         .graceful_shutdown_timeout_seconds
         .get_or_insert(GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS);
     // The file is read; Pingora would only warn that it ignores the path.
-    opt.conf = None;
+    let config_path = opt.conf.take();
     let mut server = Server::new_with_opt_and_conf(opt, server_conf);
     server.bootstrap();
 
@@ -65,8 +66,12 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     let poller = Poller::new(fleet.clone(), config.poll.interval, config.poll.timeout);
     server.add_service(background_service("fleet poller", poller));
 
+    if let Some(path) = config_path {
+        let reloader = Reloader::new(path.into(), router.clone());
+        server.add_service(background_service("config reload", reloader));
+    }
     if let Some(addr) = &config.admin_listen {
-        let admin = Admin::new(router, config.admin_token.clone());
+        let admin = Admin::new(router);
         let mut service = Service::new("corral admin".into(), admin);
         service.add_tcp(addr);
         server.add_service(service);

@@ -87,6 +87,8 @@ pub struct ModelState {
     pub prefill_tps: Ewma,
     /// Tokens generated per second, from Ollama's final chunk.
     pub decode_tps: Ewma,
+    /// When the speeds were last measured.
+    pub speed_at: Option<Instant>,
     /// When a reply for this model last succeeded here: the model was resident then, even
     /// if the last poll has not seen it yet.
     pub last_success: Option<Instant>,

@@ -186,6 +186,52 @@ impl Forwarder {
         }
     }
 
+    /// Sends a management call to the node the client named: no scoring, no retries.
+    pub async fn forward_to(
+        &self,
+        router: &Arc<Router>,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        body: &Bytes,
+        node: Arc<Node>,
+    ) -> Result<()> {
+        let config = router.config();
+        let profile = Profile::management();
+        let decision = Decision {
+            ranked: vec![Candidate {
+                node,
+                scores: Default::default(),
+                resident: true,
+            }],
+            pin: None,
+            follow_up: false,
+        };
+        let candidate = &decision.ranked[0];
+        let Some(dispatch) = router.try_dispatch(&candidate.node, &profile) else {
+            return busy(
+                session,
+                ctx,
+                "the node is busy with other management calls",
+                &config,
+            )
+            .await;
+        };
+        let attempt = Attempt {
+            router,
+            candidate,
+            decision: &decision,
+            profile: &profile,
+            retries: 0,
+        };
+        match self
+            .attempt(session, ctx, body, attempt, dispatch, &config.timeouts)
+            .await
+        {
+            Ok(result) => result,
+            Err(error) => fail(session, ctx, Some(error), 1).await,
+        }
+    }
+
     /// One try on one node. `Err` when it failed before any reply reached the client, so
     /// another node may be tried; `Ok` with the request's final result otherwise.
     async fn attempt(
@@ -200,7 +246,9 @@ impl Forwarder {
         let node = &attempt.candidate.node;
         ctx.retries = attempt.retries;
         let peer = peer(node, timeouts);
-        let request = match upstream_request(session.req_header(), node, body.len()) {
+        // A client key is corral's credential, not the node's.
+        let strip_auth = !attempt.router.config().api_keys.is_empty();
+        let request = match upstream_request(session.req_header(), node, body.len(), strip_auth) {
             Ok(request) => request,
             Err(e) => return Ok(Err(e)),
         };
@@ -651,7 +699,12 @@ async fn write_request(
 
 /// The client's request as the node should see it: same method, path and headers, minus
 /// hop-by-hop and `X-Fleet-*` headers, with the node's host and the body's exact length.
-fn upstream_request(client: &RequestHeader, node: &Node, body_len: usize) -> Result<RequestHeader> {
+fn upstream_request(
+    client: &RequestHeader,
+    node: &Node,
+    body_len: usize,
+    strip_auth: bool,
+) -> Result<RequestHeader> {
     let path = client
         .uri
         .path_and_query()
@@ -664,7 +717,11 @@ fn upstream_request(client: &RequestHeader, node: &Node, body_len: usize) -> Res
     )?;
     for (name, value) in client.headers.iter() {
         let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || n == "host" || n.starts_with("x-fleet-") {
+        if HOP_BY_HOP.contains(&n)
+            || n == "host"
+            || n.starts_with("x-fleet-")
+            || (strip_auth && n == "authorization")
+        {
             continue;
         }
         req.append_header(name.clone(), value.clone())?;

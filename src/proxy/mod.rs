@@ -4,6 +4,7 @@
 //! endpoints have their body read, profiled and scored, and are forwarded by
 //! [`forward::Forwarder`].
 
+mod access;
 mod access_log;
 mod body;
 mod forward;
@@ -20,9 +21,11 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::{ProxyHttp, Session};
 
+use crate::config::Config;
 use crate::metrics::{Metrics, model_label};
 use crate::request::{Endpoint, Profile, Route};
 use crate::routing::Router;
+pub use access::same_secret;
 pub use access_log::AccessLog;
 pub use reply::ReplyStats;
 
@@ -74,6 +77,14 @@ impl Corral {
             Route::of(&req.method, req.uri.path())
         };
         ctx.route = route.label();
+        let config = self.router.config();
+        // `GET /` stays open: clients and load balancers probe it to see a server is up.
+        if route != Route::Root && !access::client_allowed(&config, session.req_header()) {
+            ctx.status = 401;
+            let challenge = [("WWW-Authenticate", "Bearer".to_string())];
+            let message = "a valid API key is required: Authorization: Bearer <key>";
+            return respond::error(session, 401, message, &challenge).await;
+        }
         let fleet = &self.router.fleet;
         let (status, result) = match route {
             Route::Model(endpoint) => return self.route_model(session, ctx, endpoint).await,
@@ -98,13 +109,7 @@ impl Corral {
                 200,
                 respond::json(session, 200, &local::openai_models(fleet)).await,
             ),
-            Route::Management => {
-                let path = session.req_header().uri.path().to_string();
-                let message = format!(
-                    "{path} is disabled in corral: it changes one node, and corral does not yet let a client choose which; run it against the node directly"
-                );
-                (403, respond::error(session, 403, &message, &[]).await)
-            }
+            Route::Management => return self.manage(session, ctx, &config).await,
             Route::WrongMethod(allowed) => {
                 let message = format!("method not allowed: use {allowed}");
                 (
@@ -122,6 +127,60 @@ impl Corral {
         };
         ctx.status = status;
         result
+    }
+
+    /// Management calls go to the one node the client names, when enabled and authorized.
+    async fn manage(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        config: &Config,
+    ) -> Result<()> {
+        ctx.endpoint = Some(Endpoint::Manage);
+        let path = session.req_header().uri.path().to_string();
+        if !config.management.enabled {
+            ctx.status = 403;
+            let message = format!(
+                "{path} is disabled: it changes one node; enable management in corral's config, or run it against the node directly"
+            );
+            return respond::error(session, 403, &message, &[]).await;
+        }
+        if !access::admin_allowed(config, session.req_header()) {
+            ctx.status = 401;
+            let message = "management calls need the admin token in X-Fleet-Admin-Token";
+            return respond::error(session, 401, message, &[]).await;
+        }
+        let nodes = self.router.fleet.nodes();
+        let target = session
+            .req_header()
+            .headers
+            .get("x-fleet-target")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|name| nodes.iter().find(|n| n.name() == name))
+            .cloned();
+        let Some(node) = target else {
+            ctx.status = 400;
+            let names: Vec<&str> = nodes.iter().map(|n| n.name()).collect();
+            let message = format!("X-Fleet-Target must name one node: {}", names.join(", "));
+            return respond::error(session, 400, &message, &[]).await;
+        };
+        let body = match body::read(
+            session,
+            config.limits.max_body_bytes,
+            config.timeouts.body_read,
+        )
+        .await
+        {
+            Ok(body) => body,
+            Err(e) => {
+                session.set_keepalive(None);
+                ctx.status = e.status();
+                return respond::error(session, e.status(), &e.to_string(), &[]).await;
+            }
+        };
+        self.forwarder
+            .forward_to(&self.router, session, ctx, &body, node)
+            .await
     }
 
     async fn route_model(

@@ -13,6 +13,8 @@ pub enum Endpoint {
     OpenAiChat,
     OpenAiCompletions,
     OpenAiEmbeddings,
+    /// Pull, push, create, copy, delete and blob uploads, sent to the node a client names.
+    Manage,
 }
 
 /// What corral does with a request, decided from its method and path alone.
@@ -47,6 +49,7 @@ impl Endpoint {
             Endpoint::OpenAiChat => "/v1/chat/completions",
             Endpoint::OpenAiCompletions => "/v1/completions",
             Endpoint::OpenAiEmbeddings => "/v1/embeddings",
+            Endpoint::Manage => "management",
         }
     }
 
@@ -57,13 +60,14 @@ impl Endpoint {
             Endpoint::Generate | Endpoint::OpenAiCompletions => "generate",
             Endpoint::Embed | Endpoint::Embeddings | Endpoint::OpenAiEmbeddings => "embed",
             Endpoint::Show => "show",
+            Endpoint::Manage => "manage",
         }
     }
 
     /// Ollama's own endpoints stream unless told `"stream": false`; OpenAI's only when told
     /// `"stream": true`; embeddings and show never do.
     pub fn streams_by_default(self) -> bool {
-        matches!(self, Endpoint::Chat | Endpoint::Generate)
+        matches!(self, Endpoint::Chat | Endpoint::Generate | Endpoint::Manage)
     }
 
     pub fn is_openai(self) -> bool {

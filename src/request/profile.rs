@@ -160,6 +160,25 @@ impl Profile {
     }
 }
 
+impl Profile {
+    /// The profile of a management call: it streams progress, keeps no cache, and is
+    /// counted under a model name of its own.
+    pub fn management() -> Profile {
+        Profile {
+            endpoint: Endpoint::Manage,
+            model: "(management)".into(),
+            model_key: "(management)".into(),
+            stream: true,
+            num_ctx: None,
+            prompt_tokens: 0,
+            images: 0,
+            chain: PrefixChain::default(),
+            follow_up: false,
+            conversation: 0,
+        }
+    }
+}
+
 /// Ollama names a model `name:tag` and reads a bare name as `name:latest`.
 pub fn normalize_model(model: &str) -> String {
     let model = model.trim();

@@ -206,7 +206,7 @@ impl Router {
                 model_loaded: signals::model_loaded(resident, w),
                 memory_fit,
                 queue_depth: signals::queue_depth(state.in_flight, w),
-                latency: signals::latency(speed, best, w),
+                latency: signals::latency(speed, best, w) * freshness(state.speed_at, now),
                 role_affinity: signals::role_affinity(&settings.roles, class, w),
                 availability: signals::availability(node.success_ratio(), w),
                 context_fit: signals::context_fit(
@@ -400,6 +400,9 @@ impl Dispatch {
         if let Some(tps) = outcome.decode_tps {
             state.decode_tps.record(tps);
         }
+        if outcome.prefill_tps.is_some() || outcome.decode_tps.is_some() {
+            state.speed_at = Some(Instant::now());
+        }
     }
 }
 
@@ -420,6 +423,16 @@ impl Drop for Dispatch {
         }
         self.router.slot_freed.notify_waiters();
     }
+}
+
+/// How much a node's speed history still counts: half after a minute without a new
+/// measurement. A slow node that lost all its traffic is thus tried again in time, rather
+/// than being judged for ever on old figures.
+fn freshness(measured: Option<Instant>, now: Instant) -> f64 {
+    const HALF_LIFE: Duration = Duration::from_secs(60);
+    measured.map_or(1.0, |t| {
+        0.5f64.powf(now.duration_since(t).as_secs_f64() / HALF_LIFE.as_secs_f64())
+    })
 }
 
 fn is_warm(slot: &Slot, now: Instant, ttl: Duration) -> bool {
@@ -686,6 +699,40 @@ mod tests {
         let d = r.decide(&p).unwrap();
         assert_eq!(d.ranked.len(), 1);
         assert_eq!(d.ranked[0].node.name(), "big");
+    }
+
+    #[test]
+    fn old_speed_history_counts_less() {
+        let now = Instant::now();
+        assert_eq!(freshness(None, now), 1.0);
+        assert_eq!(freshness(Some(now), now), 1.0);
+        let minute_ago = now - Duration::from_secs(60);
+        assert!((freshness(Some(minute_ago), now) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn slower_node_is_penalized_by_what_it_showed() {
+        let r = router(2, 4);
+        let p = chat(&["x"]);
+        for (node, decode) in [(0, 100.0), (1, 25.0)] {
+            let mut d = r.try_dispatch(&r.fleet.nodes()[node], &p).unwrap();
+            d.finish(Outcome {
+                ok: true,
+                decode_tps: Some(decode),
+                ..Default::default()
+            });
+        }
+        let d = r.decide(&chat(&["y"])).unwrap();
+        let latency = |id: usize| {
+            d.ranked
+                .iter()
+                .find(|c| usize::from(c.node.id) == id)
+                .unwrap()
+                .scores
+                .latency
+        };
+        assert_eq!(latency(0), 0.0);
+        assert!((latency(1) + 15.0 * 0.75).abs() < 0.01, "{}", latency(1));
     }
 
     #[test]

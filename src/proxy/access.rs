@@ -1,0 +1,87 @@
+//! Who may use the proxy: client API keys, and the admin token that management calls need.
+
+use pingora_http::RequestHeader;
+use subtle::ConstantTimeEq;
+
+use crate::config::Config;
+
+/// The token of an `Authorization: Bearer <token>` header, as OpenAI clients (and Ollama
+/// clients behind an authenticating proxy) send it.
+pub fn bearer(req: &RequestHeader) -> Option<&str> {
+    req.headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+pub fn same_secret(given: &str, expected: &str) -> bool {
+    given.as_bytes().ct_eq(expected.as_bytes()).into()
+}
+
+/// Whether the request carries one of the configured client keys (always, when none are).
+pub fn client_allowed(config: &Config, req: &RequestHeader) -> bool {
+    if config.api_keys.is_empty() {
+        return true;
+    }
+    bearer(req).is_some_and(|given| config.api_keys.iter().any(|key| same_secret(given, key)))
+}
+
+/// Whether a management call carries the admin token in `X-Fleet-Admin-Token`.
+pub fn admin_allowed(config: &Config, req: &RequestHeader) -> bool {
+    let Some(token) = &config.admin_token else {
+        return false;
+    };
+    req.headers
+        .get("x-fleet-admin-token")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|given| same_secret(given, token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut r = RequestHeader::build("POST", b"/api/chat", None).unwrap();
+        for (k, v) in headers {
+            r.insert_header(k.to_string(), *v).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn keys_are_checked_only_when_configured() {
+        let mut config = Config::default();
+        assert!(client_allowed(&config, &req(&[])));
+        config.api_keys = vec!["k1".into(), "k2".into()];
+        assert!(!client_allowed(&config, &req(&[])));
+        assert!(!client_allowed(
+            &config,
+            &req(&[("authorization", "Bearer k3")])
+        ));
+        assert!(client_allowed(
+            &config,
+            &req(&[("authorization", "Bearer k2")])
+        ));
+        assert!(!client_allowed(&config, &req(&[("authorization", "k2")])));
+    }
+
+    #[test]
+    fn management_needs_the_admin_token() {
+        let mut config = Config::default();
+        let with = req(&[("x-fleet-admin-token", "t")]);
+        assert!(!admin_allowed(&config, &with), "no token configured: never");
+        config.admin_token = Some("t".into());
+        assert!(admin_allowed(&config, &with));
+        assert!(!admin_allowed(
+            &config,
+            &req(&[("x-fleet-admin-token", "u")])
+        ));
+        assert!(
+            same_secret("abc", "abc") && !same_secret("abc", "abd") && !same_secret("ab", "abc")
+        );
+    }
+}
