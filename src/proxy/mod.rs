@@ -12,11 +12,14 @@ mod local;
 mod reply;
 mod respond;
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use parking_lot::Mutex;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::{ProxyHttp, Session};
@@ -32,6 +35,8 @@ pub use reply::ReplyStats;
 /// The corral proxy service.
 pub struct Corral {
     router: Arc<Router>,
+    /// Requests in flight or waiting per client address, for `queue.per_client`.
+    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
     forwarder: forward::Forwarder,
     metrics: Arc<Metrics>,
     access_log: AccessLog,
@@ -65,6 +70,7 @@ impl Corral {
     pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, access_log: AccessLog) -> Corral {
         Corral {
             router,
+            clients: Arc::default(),
             forwarder: forward::Forwarder::new(metrics.clone()),
             metrics,
             access_log,
@@ -183,6 +189,35 @@ impl Corral {
             .await
     }
 
+    /// Counts the request against its client's limit while it runs. `Err` with the limit
+    /// when the client is at it.
+    fn client_slot(
+        &self,
+        session: &Session,
+        config: &Config,
+    ) -> std::result::Result<Option<ClientSlot>, usize> {
+        let Some(limit) = config.queue.per_client else {
+            return Ok(None);
+        };
+        let Some(ip) = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip())
+        else {
+            return Ok(None);
+        };
+        let mut clients = self.clients.lock();
+        let count = clients.entry(ip).or_default();
+        if *count >= limit {
+            return Err(limit);
+        }
+        *count += 1;
+        Ok(Some(ClientSlot {
+            clients: self.clients.clone(),
+            ip,
+        }))
+    }
+
     async fn route_model(
         &self,
         session: &mut Session,
@@ -209,9 +244,37 @@ impl Corral {
             }
         };
         ctx.model = Some(profile.model_key.clone());
+        let _client_slot = match self.client_slot(session, &config) {
+            Ok(slot) => slot,
+            Err(limit) => {
+                ctx.status = 429;
+                let message =
+                    format!("this client already has {limit} requests in flight or waiting");
+                return respond::error(session, 429, &message, &[("Retry-After", "1".into())])
+                    .await;
+            }
+        };
         self.forwarder
             .forward(&self.router, session, ctx, &body, &profile)
             .await
+    }
+}
+
+/// One request counted against its client; given back on drop.
+struct ClientSlot {
+    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut clients = self.clients.lock();
+        if let Some(count) = clients.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                clients.remove(&self.ip);
+            }
+        }
     }
 }
 

@@ -1,0 +1,423 @@
+//! Keeping working when nodes misbehave, clients misbehave and load spikes.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use corral::standin::Fault;
+use futures::StreamExt;
+
+async fn post(router: &Router, body: &serde_json::Value) -> reqwest::Response {
+    client()
+        .post(format!("{}/api/chat", router.url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A streamed request that holds a slot for about `tokens` decode steps; returns once the
+/// reply header arrived.
+async fn hold(router: &Router, text: &str, tokens: u32) -> reqwest::Response {
+    let mut body = chat_body(&[text.to_string()], true);
+    body["options"] = serde_json::json!({ "num_predict": tokens });
+    let resp = post(router, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+fn slow(name: &str, decode_ms: u64) -> corral::standin::StandinConfig {
+    let mut c = fast_node(name);
+    c.decode_per_token = Duration::from_millis(decode_ms);
+    c
+}
+
+#[tokio::test]
+async fn black_hole_node_is_timed_out_retried_elsewhere_and_then_avoided() {
+    let hole = start(fast_node("hole")).await;
+    let good = start(fast_node("good")).await;
+    let router = Router::start(
+        vec![NodeSpec::of(&hole, 2).role("chat"), NodeSpec::of(&good, 2)],
+        "health:\n  interval: 1h\ntimeouts:\n  first_byte: 300ms\nbreaker:\n  failures: 2\n  cooldown: 1m\n",
+    )
+    .await;
+    hole.set_fault(Fault::Hang);
+    let mut retries = Vec::new();
+    for i in 0..4 {
+        let resp = post(&router, &chat_body(&[format!("q{i}")], false)).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(&resp, "x-fleet-node"), "good");
+        retries.push(header(&resp, "x-fleet-retries"));
+    }
+    assert_eq!(
+        retries,
+        ["1", "1", "0", "0"],
+        "two timeouts open the breaker"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_cut_mid_reply_ends_with_an_error_the_client_can_read() {
+    let node = start(slow("n", 20)).await;
+    let router = Router::start(vec![NodeSpec::of(&node, 2)], "").await;
+    node.set_fault(Fault::CutMidStream(2));
+
+    let resp = hold(&router, "ndjson please", 10).await;
+    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "two chunks, then the error: {text}");
+    assert!(
+        lines[2]["error"]
+            .as_str()
+            .unwrap()
+            .contains("failed mid-reply")
+    );
+
+    let body = serde_json::json!({ "model": MODEL, "stream": true,
+        "messages": [{ "role": "user", "content": "sse please" }] });
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("event: error\ndata: {"), "{text}");
+    assert!(!text.contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn a_slow_node_gets_less_work_but_is_not_starved() {
+    let fast = start(slow("fast", 2)).await;
+    let slow_node = start(slow("slow", 30)).await;
+    let router = Router::start(
+        vec![NodeSpec::of(&fast, 2), NodeSpec::of(&slow_node, 2)],
+        "",
+    )
+    .await;
+    // Learn both nodes' speeds: new conversations spread over equal nodes at first.
+    let mut i = 0;
+    while fast.log().is_empty() || slow_node.log().is_empty() {
+        chat(&router, &[format!("warm-up {i}")]).await;
+        i += 1;
+        assert!(i < 40, "both nodes got work");
+    }
+    let mut picks = Vec::new();
+    for i in 0..10 {
+        picks.push(chat(&router, &[format!("sequential {i}")]).await.0);
+    }
+    assert!(
+        picks.iter().all(|n| n == "fast"),
+        "one at a time, the fast node wins: {picks:?}"
+    );
+    // Under load the slow node takes what the fast one cannot.
+    let router = &router;
+    let picks = futures::future::join_all((0..6).map(|i| async move {
+        let mut body = chat_body(&[format!("burst {i}")], false);
+        body["options"] = serde_json::json!({ "num_predict": 20 });
+        header(&post(router, &body).await, "x-fleet-node")
+    }))
+    .await;
+    assert!(picks.iter().any(|n| n == "slow"), "{picks:?}");
+}
+
+#[tokio::test]
+async fn requests_wait_for_a_slot_bounded_in_time_and_count() {
+    let node = start(slow("n", 50)).await;
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 1)],
+        "queue:\n  max_wait: 400ms\n  max_waiting: 1\n",
+    )
+    .await;
+    let held = hold(&router, "holding the only slot", 100).await;
+
+    // One may wait; it gives up after max_wait with 503 and Retry-After.
+    let waiter = tokio::spawn({
+        let url = router.url();
+        async move {
+            let started = Instant::now();
+            let resp = client()
+                .post(format!("{url}/api/chat"))
+                .json(&chat_body(&["waiting".into()], false))
+                .send()
+                .await
+                .unwrap();
+            (
+                resp.status().as_u16(),
+                header(&resp, "retry-after"),
+                started.elapsed(),
+            )
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A second waiter is one too many: refused at once.
+    let resp = post(&router, &chat_body(&["one too many".into()], false)).await;
+    assert_eq!(resp.status(), 503);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("waiting"));
+
+    let (status, retry_after, waited) = waiter.await.unwrap();
+    assert_eq!(status, 503);
+    assert!(!retry_after.is_empty());
+    assert!(waited >= Duration::from_millis(400), "{waited:?}");
+    drop(held);
+}
+
+#[tokio::test]
+async fn a_waiting_request_goes_to_whichever_node_frees_first() {
+    let a = start(slow("a", 50)).await;
+    let b = start(slow("b", 50)).await;
+    let admin_port = free_port();
+    let router = Router::start(
+        vec![NodeSpec::of(&a, 1), NodeSpec::of(&b, 1)],
+        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
+    )
+    .await;
+    let long = hold(&router, "long", 200).await;
+    let short = hold(&router, "short", 6).await;
+    let short_node = header(&short, "x-fleet-node");
+    assert_ne!(header(&long, "x-fleet-node"), short_node, "one each");
+
+    let resp = post(&router, &chat_body(&["queued".into()], false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        header(&resp, "x-fleet-node"),
+        short_node,
+        "it took the first slot to free up"
+    );
+
+    // A client that leaves while queued leaves the queue.
+    let _again = hold(&router, "short again", 200).await;
+    let url = router.url();
+    let gone = tokio::spawn(async move {
+        let _ = client()
+            .post(format!("{url}/api/chat"))
+            .timeout(Duration::from_millis(300))
+            .json(&chat_body(&["impatient".into()], false))
+            .send()
+            .await;
+    });
+    gone.await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let fleet: serde_json::Value = client()
+            .get(format!("http://127.0.0.1:{admin_port}/fleet"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if fleet["waiting"] == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue kept a client that left"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(long);
+}
+
+#[tokio::test]
+async fn per_client_limit_answers_429() {
+    let node = start(slow("n", 50)).await;
+    let router = Router::start(vec![NodeSpec::of(&node, 4)], "queue:\n  per_client: 1\n").await;
+    let held = hold(&router, "mine", 100).await;
+    let resp = post(&router, &chat_body(&["also mine".into()], false)).await;
+    assert_eq!(resp.status(), 429);
+    assert!(!header(&resp, "retry-after").is_empty());
+    drop(held);
+}
+
+#[tokio::test]
+async fn malformed_and_hostile_input_gets_json_errors_and_harms_no_one() {
+    let node = start(slow("n", 20)).await;
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 4)],
+        "timeouts:\n  body_read: 300ms\n",
+    )
+    .await;
+    // Another client's stream runs throughout.
+    let bystander = hold(&router, "bystander", 40).await;
+
+    // 100,000 levels of nesting where corral reads a type: its own 400.
+    let nest = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let deep = format!(r#"{{"model":"{MODEL}","messages":{}}}"#, nest(100_000));
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert!(header(&resp, "x-fleet-node").is_empty());
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("invalid request body"),
+        "{body}"
+    );
+    // Where corral only skips a field it does not need, serde_json skips without
+    // recursing: the body is valid JSON, so it is forwarded and the node answers.
+    let deep = format!(
+        r#"{{"model":"{MODEL}","extra":{},"messages":[]}}"#,
+        nest(100_000)
+    );
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header(&resp, "x-fleet-node"), "n");
+    assert_eq!(resp.status(), 200);
+
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .body(r#"{"model": 42, "messages": "nope"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+
+    // A client that sends half its body and stalls: 408, not a stuck worker.
+    let addr = router.addr;
+    let stalled = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(
+            b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":",
+        )
+        .unwrap();
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        reply
+    })
+    .await
+    .unwrap();
+    assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
+    assert!(stalled.contains("\"error\""));
+
+    // Headers past Pingora's limit (1 MiB) are refused by Pingora itself, before corral
+    // sees the request: a plain 400 with an empty body (docs/robustness.md).
+    let huge = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut request = b"GET /api/tags HTTP/1.1\r\nHost: x\r\nX-Huge: ".to_vec();
+        request.extend(std::iter::repeat_n(b'x', 1_100_000));
+        request.extend_from_slice(b"\r\n\r\n");
+        let _ = s.write_all(&request);
+        let mut reply = [0u8; 64];
+        let n = s.read(&mut reply).unwrap_or(0);
+        String::from_utf8_lossy(&reply[..n]).to_string()
+    })
+    .await
+    .unwrap();
+    assert!(huge.starts_with("HTTP/1.1 400"), "{huge}");
+
+    // The bystander's stream finished whole, and the router still serves.
+    let text = String::from_utf8(bystander.bytes().await.unwrap().to_vec()).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["done"], true);
+    assert_eq!(chat(&router, &["still fine?".into()]).await.0, "n");
+}
+
+#[tokio::test]
+async fn client_api_keys_guard_the_proxy() {
+    let node = start(fast_node("n")).await;
+    let router = Router::start(vec![NodeSpec::of(&node, 2)], "api_keys: [k-one, k-two]\n").await;
+    let url = format!("{}/api/chat", router.url());
+    let body = chat_body(&["hi".into()], false);
+    let resp = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(header(&resp, "www-authenticate"), "Bearer");
+    let resp = client()
+        .post(&url)
+        .bearer_auth("wrong")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = client()
+        .post(&url)
+        .bearer_auth("k-two")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let tags = client()
+        .get(format!("{}/api/tags", router.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tags.status(), 401, "fleet endpoints are guarded too");
+    let root = client().get(router.url()).send().await.unwrap();
+    assert_eq!(root.status(), 200, "GET / stays open for liveness probes");
+}
+
+#[tokio::test]
+async fn management_calls_need_the_token_and_a_named_node() {
+    let a = start(fast_node("a")).await;
+    let b = start(fast_node("b")).await;
+    let router = Router::start(
+        vec![NodeSpec::of(&a, 2), NodeSpec::of(&b, 2)],
+        "admin_token: tok\nmanagement:\n  enabled: true\n",
+    )
+    .await;
+    let url = format!("{}/api/copy", router.url());
+    let body = serde_json::json!({ "source": MODEL, "destination": "mine:latest" });
+    let resp = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = client()
+        .post(&url)
+        .header("X-Fleet-Admin-Token", "tok")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("X-Fleet-Target"));
+    let resp = client()
+        .post(&url)
+        .header("X-Fleet-Admin-Token", "tok")
+        .header("X-Fleet-Target", "b")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&resp, "x-fleet-node"),
+        "b",
+        "sent to the named node, whatever it answers"
+    );
+}
+
+#[tokio::test]
+async fn ndjson_stream_is_read_chunk_by_chunk_by_a_slow_reader_without_loss() {
+    let node = start(slow("n", 2)).await;
+    let router = Router::start(vec![NodeSpec::of(&node, 2)], "").await;
+    let resp = hold(&router, "many tokens", 300).await;
+    let mut stream = resp.bytes_stream();
+    let mut text = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        text.extend_from_slice(&chunk.unwrap());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let lines: Vec<&[u8]> = text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), 301);
+}
