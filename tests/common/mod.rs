@@ -49,6 +49,44 @@ impl NodeSpec {
     }
 }
 
+/// The YAML a test router runs with: loopback listeners, fast polls and checks.
+pub fn config_yaml(port: u16, nodes: &[NodeSpec], extra_yaml: &str) -> String {
+    let mut yaml = format!(
+        "listen: 127.0.0.1:{port}\n\
+         pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n\
+         poll:\n  interval: 100ms\n  timeout: 1s\n"
+    );
+    for (key, value) in [
+        ("metrics_listen", "null"),
+        ("admin_listen", "null"),
+        ("threads", "1"),
+        ("grace_period_seconds", "0"),
+        ("graceful_shutdown_timeout_seconds", "1"),
+    ] {
+        if !extra_yaml.contains(key) {
+            yaml.push_str(&format!("{key}: {value}\n"));
+        }
+    }
+    if !extra_yaml.contains("health:") {
+        yaml.push_str("health:\n  interval: 500ms\n");
+    }
+    yaml.push_str(extra_yaml);
+    yaml.push_str("\nnodes:\n");
+    for n in nodes {
+        yaml.push_str(&format!(
+            "  - name: {}\n    url: {}\n    num_parallel: {}\n",
+            n.name, n.url, n.num_parallel
+        ));
+        if let Some(gb) = n.memory_gb {
+            yaml.push_str(&format!("    memory_gb: {gb}\n"));
+        }
+        if !n.roles.is_empty() {
+            yaml.push_str(&format!("    roles: [{}]\n", n.roles.join(", ")));
+        }
+    }
+    yaml
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -60,40 +98,19 @@ impl Router {
     /// Starts corral with these nodes and extra YAML (top-level keys), and waits until it
     /// has polled every node.
     pub async fn start(nodes: Vec<NodeSpec>, extra_yaml: &str) -> Router {
+        Router::start_with_args(nodes, extra_yaml, &[]).await
+    }
+
+    /// As [`Router::start`], with extra command-line arguments for `corral`.
+    pub async fn start_with_args(nodes: Vec<NodeSpec>, extra_yaml: &str, args: &[&str]) -> Router {
         let port = free_port();
-        let mut yaml = format!(
-            "listen: 127.0.0.1:{port}\nthreads: 1\n\
-             grace_period_seconds: 0\ngraceful_shutdown_timeout_seconds: 1\n\
-             pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n\
-             poll:\n  interval: 100ms\n  timeout: 1s\n"
-        );
-        for key in ["metrics_listen", "admin_listen"] {
-            if !extra_yaml.contains(key) {
-                yaml.push_str(&format!("{key}: null\n"));
-            }
-        }
-        if !extra_yaml.contains("health:") {
-            yaml.push_str("health:\n  interval: 500ms\n");
-        }
-        yaml.push_str(extra_yaml);
-        yaml.push_str("\nnodes:\n");
-        for n in &nodes {
-            yaml.push_str(&format!(
-                "  - name: {}\n    url: {}\n    num_parallel: {}\n",
-                n.name, n.url, n.num_parallel
-            ));
-            if let Some(gb) = n.memory_gb {
-                yaml.push_str(&format!("    memory_gb: {gb}\n"));
-            }
-            if !n.roles.is_empty() {
-                yaml.push_str(&format!("    roles: [{}]\n", n.roles.join(", ")));
-            }
-        }
         let mut file = tempfile::NamedTempFile::new().expect("temp config");
-        file.write_all(yaml.as_bytes()).expect("write config");
+        file.write_all(config_yaml(port, &nodes, extra_yaml).as_bytes())
+            .expect("write config");
         let child = Command::new(env!("CARGO_BIN_EXE_corral"))
             .arg("-c")
             .arg(file.path())
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -108,6 +125,52 @@ impl Router {
         router.wait_listening();
         router.wait_polled(nodes.len()).await;
         router
+    }
+
+    /// Rewrites the configuration file in place (same listen port), for reload tests.
+    pub fn rewrite_config(&self, nodes: &[NodeSpec], extra_yaml: &str) {
+        std::fs::write(
+            self._config.path(),
+            config_yaml(self.addr.port(), nodes, extra_yaml),
+        )
+        .expect("rewrite config");
+    }
+
+    pub fn write_raw_config(&self, text: &str) {
+        std::fs::write(self._config.path(), text).expect("rewrite config");
+    }
+
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self._config.path().to_path_buf()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name (HUP, TERM, QUIT) to the process.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to `within`.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            // Asynchronously: stand-in nodes share this runtime and must keep answering.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn wait_listening(&self) {
