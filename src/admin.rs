@@ -89,6 +89,7 @@ impl Admin {
                     "node": c.node.name(),
                     "total": c.scores.total(),
                     "resident": c.resident,
+                    "standby": c.standby,
                     "affinity": decision.affinity_for(c.node.id).as_str(),
                     "scores": c.scores,
                 })

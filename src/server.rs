@@ -63,7 +63,12 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     server.add_service(proxy);
 
     server.add_service(background_service("health checks", fleet.health_service()));
-    let poller = Poller::new(fleet.clone(), config.poll.interval, config.poll.timeout);
+    let poller = Poller::new(
+        fleet.clone(),
+        config.poll.interval,
+        config.poll.timeout,
+        config.breaker.cooldown,
+    );
     server.add_service(background_service("fleet poller", poller));
 
     if let Some(path) = config_path {

@@ -155,13 +155,11 @@ async fn requests_fail_over_when_a_node_dies_and_return_when_it_recovers() {
         assert_eq!(header(&resp, "x-fleet-node"), "b");
         retried += header(&resp, "x-fleet-retries").parse::<usize>().unwrap();
     }
-    assert_eq!(
-        retried, 2,
-        "two refused connections open the breaker; later requests skip a"
-    );
+    // A refused connection (a client's, or the poller's) opens a's breaker at once.
+    assert!(retried <= 1, "later requests skip a: {retried} retries");
 
-    // Back again: after the cool-down a probe goes through, closes the breaker, and a
-    // takes work again.
+    // Back again: after the cool-down the poller's next successful probe closes the
+    // breaker, and a takes work again.
     a.restart().await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     let router = &router;

@@ -113,43 +113,33 @@ pub struct Node {
     pub breaker: Mutex<Breaker>,
 }
 
-/// A circuit breaker: consecutive failures open it and the node gets no requests; after a
-/// cool-down one request goes through as a probe (half-open), and its success closes it.
+/// A circuit breaker: consecutive failures, or one refused connection, open it and the
+/// node gets no requests. After a cool-down the next successful poll of the node (the
+/// poller's `/api/tags` and `/api/ps`: the half-open probe) closes it, so no client request
+/// is spent finding out whether the node is back.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Breaker {
     failures: u32,
     open_until: Option<Instant>,
-    probing: bool,
 }
 
 impl Breaker {
-    /// Whether a request may be sent now.
-    pub fn admits(&self, now: Instant) -> bool {
-        match self.open_until {
-            None => true,
-            Some(until) => now >= until && !self.probing,
-        }
+    /// Whether requests may be sent.
+    pub fn admits(&self) -> bool {
+        self.open_until.is_none()
     }
 
     pub fn is_open(&self) -> bool {
         self.open_until.is_some()
     }
 
-    /// A request is sent: past the cool-down it is the one half-open probe. Returns
-    /// whether it is the probe.
-    pub fn on_dispatch(&mut self, now: Instant) -> bool {
-        let probe = self.open_until.is_some_and(|until| now >= until);
-        self.probing |= probe;
-        probe
-    }
-
-    /// The probe ended without an outcome (the client left): let another request probe.
-    pub fn probe_abandoned(&mut self) {
-        self.probing = false;
+    /// Opens at once: a refused connection leaves no doubt that the node is down.
+    pub fn trip(&mut self, now: Instant, cooldown: Duration) {
+        self.failures = self.failures.max(1);
+        self.open_until = Some(now + cooldown);
     }
 
     pub fn record(&mut self, ok: bool, now: Instant, threshold: u32, cooldown: Duration) {
-        self.probing = false;
         if ok {
             self.failures = 0;
             self.open_until = None;
@@ -158,6 +148,14 @@ impl Breaker {
         self.failures = self.failures.saturating_add(1);
         if self.failures >= threshold.max(1) {
             self.open_until = Some(now + cooldown);
+        }
+    }
+
+    /// The node answered a probe: past the cool-down, that closes the breaker.
+    pub fn probe_succeeded(&mut self, now: Instant) {
+        if self.open_until.is_some_and(|until| now >= until) {
+            self.failures = 0;
+            self.open_until = None;
         }
     }
 }
@@ -310,31 +308,21 @@ mod tests {
         let t0 = Instant::now();
         let cool = Duration::from_secs(5);
         let mut b = Breaker::default();
-        assert!(b.admits(t0));
+        assert!(b.admits());
         b.record(false, t0, 3, cool);
         b.record(false, t0, 3, cool);
-        assert!(b.admits(t0), "two failures are not three");
+        assert!(b.admits(), "two failures are not three");
         b.record(true, t0, 3, cool);
         for _ in 0..3 {
             b.record(false, t0, 3, cool);
         }
-        assert!(b.is_open() && !b.admits(t0));
-        let later = t0 + cool;
-        assert!(b.admits(later), "half-open after the cool-down");
-        assert!(b.on_dispatch(later));
-        assert!(!b.admits(later), "one probe at a time");
-        b.record(false, later, 3, cool);
-        assert!(!b.admits(later), "a failed probe reopens it");
-        let again = later + cool;
-        assert!(b.on_dispatch(again));
-        b.probe_abandoned();
-        assert!(
-            b.admits(again),
-            "an abandoned probe frees the way for another"
-        );
-        b.on_dispatch(again);
-        b.record(true, again, 3, cool);
-        assert!(!b.is_open() && b.admits(again));
+        assert!(b.is_open() && !b.admits());
+        b.probe_succeeded(t0);
+        assert!(!b.admits(), "not before the cool-down");
+        b.probe_succeeded(t0 + cool);
+        assert!(b.admits(), "a probe after the cool-down closes it");
+        b.trip(t0, cool);
+        assert!(!b.admits(), "a refused connection opens it at once");
     }
 
     #[test]

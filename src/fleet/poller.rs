@@ -51,12 +51,19 @@ impl ModelEntry {
 
 pub struct Poller {
     fleet: Arc<Fleet>,
+    /// The circuit breaker's cool-down, for nodes found down.
+    cooldown: Duration,
     client: reqwest::Client,
     interval: Duration,
 }
 
 impl Poller {
-    pub fn new(fleet: Arc<Fleet>, interval: Duration, timeout: Duration) -> Poller {
+    pub fn new(
+        fleet: Arc<Fleet>,
+        interval: Duration,
+        timeout: Duration,
+        cooldown: Duration,
+    ) -> Poller {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
@@ -64,6 +71,7 @@ impl Poller {
             .unwrap_or_default();
         Poller {
             fleet,
+            cooldown,
             client,
             interval,
         }
@@ -88,10 +96,16 @@ impl Poller {
             (Ok(tags), Ok(ps)) => {
                 let mut inventory = inventory_of(started, tags, ps);
                 inventory.version = version.ok().and_then(|v| v.version);
-                node.update_inventory(inventory)
+                node.update_inventory(inventory);
+                node.breaker.lock().probe_succeeded(Instant::now());
             }
             (Err(e), _) | (_, Err(e)) => {
                 log::debug!("poll of {} failed: {e}", node.name());
+                // Nothing listens there: stop sending requests now, not at the next
+                // health check or at the next client's refused connection.
+                if e.is_connect() {
+                    node.breaker.lock().trip(Instant::now(), self.cooldown);
+                }
             }
         }
     }

@@ -89,8 +89,14 @@ impl Forwarder {
     }
 
     /// Books an attempt that failed before any reply, and keeps it as the last error.
-    fn failed(&self, node: &Node, mut dispatch: Dispatch, error: AttemptError) -> AttemptError {
+    fn failed(&self, router: &Router, mut dispatch: Dispatch, error: AttemptError) -> AttemptError {
+        router.abandon(&mut dispatch);
+        let node = dispatch.node.clone();
         log::warn!("{}: {}", node.name(), error.error);
+        if error.kind() == "connect" {
+            let cooldown = router.config().breaker.cooldown;
+            node.breaker.lock().trip(Instant::now(), cooldown);
+        }
         dispatch.finish(Outcome::default());
         let name = node.name();
         self.metrics.retries.with_label_values(&[name]).inc();
@@ -116,22 +122,23 @@ impl Forwarder {
     ) -> Result<()> {
         let config = router.config();
         let deadline = Instant::now() + config.queue.max_wait;
-        let mut tried: Vec<u16> = Vec::new();
-        let mut last: Option<AttemptError> = None;
+        // Nodes tried so far, and how each failed.
+        let mut failures: Vec<Failure> = Vec::new();
         let mut waiting: Option<Waiting> = None;
         loop {
             // Listen before looking, so that a slot freed meanwhile is not missed.
             let freed = router.slot_freed();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            let decision = match (router.decide(profile), &last) {
-                (Ok(decision), _) => decision,
-                (Err(_), Some(_)) => return fail(session, ctx, last, tried.len()).await,
-                (Err(e), None) => return refuse(session, ctx, e, &config).await,
+            let decision = match router.decide(profile) {
+                Ok(decision) => decision,
+                Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
+                Err(e) => return refuse(session, ctx, e, &config).await,
             };
+            let tried: Vec<u16> = failures.iter().map(|f| f.node).collect();
             let (next, any_untried) = pick(router, &decision, &tried, profile);
             if !any_untried {
-                return fail(session, ctx, last, tried.len()).await;
+                return fail(session, ctx, &failures).await;
             }
             let Some((candidate, dispatch)) = next else {
                 // Every candidate runs as many requests as it has slots: wait for one.
@@ -168,7 +175,7 @@ impl Forwarder {
                 candidate,
                 decision: &decision,
                 profile,
-                retries: tried.len(),
+                retries: failures.len(),
             };
             match self
                 .attempt(session, ctx, body, attempt, dispatch, &config.timeouts)
@@ -176,10 +183,13 @@ impl Forwarder {
             {
                 Ok(result) => return result,
                 Err(error) => {
-                    tried.push(candidate.node.id);
-                    last = Some(error);
-                    if tried.len() > config.limits.max_retries {
-                        return fail(session, ctx, last, tried.len()).await;
+                    failures.push(Failure {
+                        node: candidate.node.id,
+                        name: candidate.node.name().to_string(),
+                        error,
+                    });
+                    if failures.len() > config.limits.max_retries {
+                        return fail(session, ctx, &failures).await;
                     }
                 }
             }
@@ -202,6 +212,7 @@ impl Forwarder {
                 node,
                 scores: Default::default(),
                 resident: true,
+                standby: false,
             }],
             pin: None,
             follow_up: false,
@@ -228,7 +239,14 @@ impl Forwarder {
             .await
         {
             Ok(result) => result,
-            Err(error) => fail(session, ctx, Some(error), 1).await,
+            Err(error) => {
+                let failure = Failure {
+                    node: candidate.node.id,
+                    name: candidate.node.name().to_string(),
+                    error,
+                };
+                fail(session, ctx, &[failure]).await
+            }
         }
     }
 
@@ -253,27 +271,14 @@ impl Forwarder {
             Err(e) => return Ok(Err(e)),
         };
         let started = Instant::now();
-        let mut upstream = match self.send(&peer, &request, body).await {
-            Ok(upstream) => upstream,
-            Err(error) => {
-                let error = AttemptError {
-                    error,
-                    timed_out: false,
-                };
-                return Err(self.failed(node, dispatch, error));
-            }
-        };
         attempt
             .router
             .commit(&mut dispatch, attempt.profile, attempt.decision);
-        let header = race(
-            session,
-            timeouts.first_byte,
-            upstream.read_resp_header_parts(),
-        )
-        .await;
+        let header = self
+            .exchange(session, &peer, &request, body, timeouts.first_byte)
+            .await;
         let error = match header {
-            Wait::Done(Ok(_)) => {
+            Wait::Done(Ok(upstream)) => {
                 let reply = Relay {
                     fleet: &attempt.router.fleet,
                     candidate: attempt.candidate,
@@ -313,7 +318,7 @@ impl Forwarder {
                 return Ok(Ok(()));
             }
         };
-        Err(self.failed(node, dispatch, error))
+        Err(self.failed(attempt.router, dispatch, error))
     }
 
     /// Counts the routing decision once a node has answered.
@@ -362,25 +367,46 @@ impl Forwarder {
         }
     }
 
-    /// Connects and writes the request. A pooled connection the node has closed meanwhile
-    /// gets one more try on a fresh connection to the same node.
-    async fn send(
+    /// Sends the request and reads the reply's header. A pooled connection that the node
+    /// closed meanwhile fails on the write or on the first read: that gets one more try on
+    /// a fresh connection to the same node, and does not count against the node.
+    async fn exchange(
         &self,
+        session: &mut Session,
         peer: &HttpPeer,
         request: &RequestHeader,
         body: &[u8],
-    ) -> Result<HttpSession> {
-        let (stream, reused) = self.transport.get_stream(peer).await?;
-        let mut upstream = HttpSession::new_with_options(stream, peer);
-        match write_request(&mut upstream, request, body).await {
-            Ok(()) => Ok(upstream),
-            Err(_) if reused => {
-                let stream = self.transport.new_stream(peer).await?;
-                let mut upstream = HttpSession::new_with_options(stream, peer);
-                write_request(&mut upstream, request, body).await?;
-                Ok(upstream)
+        first_byte: Duration,
+    ) -> Wait<Result<HttpSession>> {
+        let mut fresh = false;
+        loop {
+            let (stream, reused) = if fresh {
+                (self.transport.new_stream(peer).await, false)
+            } else {
+                match self.transport.get_stream(peer).await {
+                    Ok((stream, reused)) => (Ok(stream), reused),
+                    Err(e) => (Err(e), false),
+                }
+            };
+            let stream = match stream {
+                Ok(stream) => stream,
+                Err(e) => return Wait::Done(Err(e)),
+            };
+            let mut upstream = HttpSession::new_with_options(stream, peer);
+            if let Err(e) = write_request(&mut upstream, request, body).await {
+                if reused {
+                    fresh = true;
+                    continue;
+                }
+                return Wait::Done(Err(e));
             }
-            Err(e) => Err(e),
+            match race(session, first_byte, upstream.read_resp_header_parts()).await {
+                Wait::Done(Ok(_)) => return Wait::Done(Ok(upstream)),
+                Wait::Done(Err(_)) if reused => fresh = true,
+                Wait::Done(Err(e)) => return Wait::Done(Err(e)),
+                Wait::TimedOut => return Wait::TimedOut,
+                Wait::ClientGone => return Wait::ClientGone,
+            }
         }
     }
 
@@ -498,16 +524,20 @@ impl Forwarder {
 }
 
 /// The best candidate not tried yet that has a free slot, counted against it; and whether
-/// any candidate is left untried at all.
+/// any eligible candidate is left untried at all.
 fn pick<'d>(
     router: &Arc<Router>,
     decision: &'d Decision,
     tried: &[u16],
     profile: &Profile,
 ) -> (Option<(&'d Candidate, Dispatch)>, bool) {
+    // Standby nodes (failing checks, breaker open) are a last resort: while a live node is
+    // left untried, even a busy one, the request waits for it rather than go there.
+    let untried = |c: &&Candidate| !tried.contains(&c.node.id);
+    let live_left = decision.ranked.iter().filter(untried).any(|c| !c.standby);
     let mut any_untried = false;
-    for candidate in &decision.ranked {
-        if tried.contains(&candidate.node.id) {
+    for candidate in decision.ranked.iter().filter(untried) {
+        if candidate.standby && live_left {
             continue;
         }
         any_untried = true;
@@ -516,6 +546,13 @@ fn pick<'d>(
         }
     }
     (None, any_untried)
+}
+
+/// A node that failed before replying, and how.
+struct Failure {
+    node: u16,
+    name: String,
+    error: AttemptError,
 }
 
 /// What one try on one node needs to know.
@@ -555,22 +592,29 @@ fn peer(node: &Node, timeouts: &Timeouts) -> HttpPeer {
 }
 
 /// Every node tried failed before replying.
-async fn fail(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    last: Option<AttemptError>,
-    attempts: usize,
-) -> Result<()> {
-    let (status, reason) = match &last {
-        Some(e) if e.timed_out => (504, e.error.to_string()),
-        Some(e) => (502, e.error.to_string()),
-        None => (502, "no node to try".to_string()),
-    };
+async fn fail(session: &mut Session, ctx: &mut RequestCtx, failures: &[Failure]) -> Result<()> {
+    let timed_out = failures.last().is_some_and(|f| f.error.timed_out);
+    let status = if timed_out { 504 } else { 502 };
     ctx.status = status;
+    let tries: Vec<String> = failures
+        .iter()
+        .map(|f| {
+            format!(
+                "{} ({}: {})",
+                f.name,
+                f.error.kind(),
+                f.error.error.etype().as_str()
+            )
+        })
+        .collect();
     let message = format!(
-        "no node could serve the request after {attempts} attempt(s); last error: {reason}"
+        "no node could serve the request; tried {}",
+        tries.join(", ")
     );
-    let retries = [("X-Fleet-Retries", attempts.saturating_sub(1).to_string())];
+    let retries = [(
+        "X-Fleet-Retries",
+        failures.len().saturating_sub(1).to_string(),
+    )];
     super::respond::error(session, status, &message, &retries).await
 }
 

@@ -51,6 +51,8 @@ pub struct Candidate {
     pub scores: Scores,
     /// The model is resident there: sending the request causes no load.
     pub resident: bool,
+    /// Failing health checks or cut off by its circuit breaker: only a last resort.
+    pub standby: bool,
 }
 
 pub struct Decision {
@@ -145,13 +147,13 @@ impl Router {
         let config = self.config();
         let now = Instant::now();
         let nodes = self.fleet.nodes();
-        let healthy: Vec<&Arc<Node>> = nodes
-            .iter()
-            .filter(|n| self.fleet.is_healthy(n) && n.breaker.lock().admits(now))
-            .collect();
-        if healthy.is_empty() {
+        if !nodes.iter().any(|n| self.fleet.is_healthy(n)) {
             return Err(RouteError::NoHealthyNode);
         }
+        // Nodes that failed their last health check, or whose circuit breaker is open, are
+        // ranked after all others: first choices never go there, but a retry may, rather
+        // than refuse a request that a node might still serve (the check may be stale).
+        let standby = |n: &Node| !self.fleet.is_healthy(n) || !n.breaker.lock().admits();
         let (pin, went_cold) = self.find_pin(p);
         let model = p.model_key.as_str();
         let need = model_size(&nodes, model);
@@ -162,9 +164,9 @@ impl Router {
             size: need.map(signals::size_class),
         };
 
-        let mut ranked = Vec::with_capacity(healthy.len());
+        let mut ranked = Vec::with_capacity(nodes.len());
         let mut too_large = false;
-        for node in healthy {
+        for node in nodes.iter() {
             let settings = node.settings();
             let inv = node.inventory();
             let known_empty = inv.polled_at.is_some();
@@ -221,7 +223,11 @@ impl Router {
                 node: node.clone(),
                 scores,
                 resident,
+                standby: standby(node),
             });
+        }
+        if ranked.iter().all(|c| c.standby) {
+            ranked.clear();
         }
         if ranked.is_empty() {
             return Err(match (too_large, need) {
@@ -237,6 +243,8 @@ impl Router {
             |c| (c.scores.total(), c.node.name()),
             p.conversation,
         );
+        // Stable: standby nodes keep their order among themselves, after the others.
+        ranked.sort_by_key(|c| c.standby);
         Ok(Decision {
             ranked,
             pin,
@@ -297,14 +305,13 @@ impl Router {
             }
             state.in_flight += 1;
         }
-        let probe = node.breaker.lock().on_dispatch(Instant::now());
         Some(Dispatch {
             router: self.clone(),
             node: node.clone(),
             model: p.model_key.clone(),
             slot: None,
-            probe,
-            finished: false,
+            lineage: 0,
+            remembered: Vec::new(),
         })
     }
 
@@ -341,6 +348,7 @@ impl Router {
             (index, lineage)
         };
         dispatch.slot = Some(index);
+        dispatch.lineage = lineage;
         let depth = p.chain.depth();
         if depth > 0 {
             let entry = Entry {
@@ -349,12 +357,39 @@ impl Router {
                 depth: depth as u32,
             };
             self.affinity.insert(p.chain.last(), entry);
+            dispatch.remembered.push(p.chain.last());
             // The first boundary too: conversations that share it (a system prompt, a
             // document) find the node that holds it.
             if depth > 1 {
                 self.affinity
                     .insert(p.chain.hashes[1], Entry { depth: 1, ..entry });
+                dispatch.remembered.push(p.chain.hashes[1]);
             }
+        }
+    }
+
+    /// Takes back what [`Router::commit`] recorded for a request that failed before any
+    /// reply: the node's slot is not known to hold anything now, and the prefix is not warm
+    /// there.
+    pub fn abandon(&self, dispatch: &mut Dispatch) {
+        for hash in dispatch.remembered.drain(..) {
+            if self
+                .affinity
+                .get(hash)
+                .is_some_and(|e| e.lineage == dispatch.lineage)
+            {
+                self.affinity.remove(hash);
+            }
+        }
+        let Some(index) = dispatch.slot else { return };
+        let mut models = dispatch.node.models.lock();
+        if let Some(slot) = models
+            .get_mut(&dispatch.model)
+            .and_then(|m| m.slots.get_mut(index))
+            .filter(|s| s.lineage == dispatch.lineage)
+        {
+            slot.lineage = 0;
+            slot.depth = 0;
         }
     }
 }
@@ -366,9 +401,9 @@ pub struct Dispatch {
     pub node: Arc<Node>,
     model: String,
     slot: Option<usize>,
-    /// This request is the circuit breaker's half-open probe.
-    probe: bool,
-    finished: bool,
+    /// The slot lineage and prefix hashes `commit` recorded, for `abandon`.
+    lineage: u64,
+    remembered: Vec<u64>,
 }
 
 /// What a finished reply taught about the node.
@@ -382,7 +417,6 @@ pub struct Outcome {
 
 impl Dispatch {
     pub fn finish(&mut self, outcome: Outcome) {
-        self.finished = true;
         let breaker: BreakerConfig = self.router.config.load().breaker.clone();
         self.node.record_outcome(outcome.ok, &breaker);
         if !outcome.ok {
@@ -417,9 +451,6 @@ impl Drop for Dispatch {
                     slot.last_used = Some(Instant::now());
                 }
             }
-        }
-        if self.probe && !self.finished {
-            self.node.breaker.lock().probe_abandoned();
         }
         self.router.slot_freed.notify_waiters();
     }
