@@ -26,7 +26,7 @@ enum Outcome {
 }
 
 async fn run(url: &str, i: usize) -> Outcome {
-    let stream = i % 2 == 0;
+    let stream = i.is_multiple_of(2);
     let mut body = chat_body(&[format!("soak request {i}")], stream);
     body["options"] = serde_json::json!({ "num_predict": 30 });
     let resp = match client()

@@ -286,17 +286,10 @@ impl Forwarder {
                     profile: attempt.profile,
                     started,
                     retries: attempt.retries,
+                    idle: timeouts.idle,
                 };
                 let result = self
-                    .relay(
-                        session,
-                        ctx,
-                        upstream,
-                        &peer,
-                        dispatch,
-                        reply,
-                        timeouts.idle,
-                    )
+                    .relay(session, ctx, upstream, &peer, dispatch, reply)
                     .await;
                 return Ok(result);
             }
@@ -358,12 +351,11 @@ impl Forwarder {
             tokens("evaluated", evaluated);
             if let Some(cached) = cached {
                 tokens("cached", cached);
-            } else {
-                self.metrics
-                    .prompt_tokens_estimated
-                    .with_label_values(labels)
-                    .inc_by(u64::from(profile.prompt_tokens));
             }
+            self.metrics
+                .prompt_tokens_estimated
+                .with_label_values(labels)
+                .inc_by(u64::from(profile.prompt_tokens));
         }
     }
 
@@ -419,7 +411,6 @@ impl Forwarder {
         peer: &HttpPeer,
         mut dispatch: Dispatch,
         reply: Relay<'_>,
-        idle: Duration,
     ) -> Result<()> {
         let node = &reply.candidate.node;
         let upstream_header = upstream
@@ -443,7 +434,7 @@ impl Forwarder {
         });
         let mut ttfb = None;
         let broken = loop {
-            match race(session, idle, upstream.read_body_bytes()).await {
+            match race(session, reply.idle, upstream.read_body_bytes()).await {
                 Wait::Done(Ok(Some(chunk))) => {
                     if ttfb.is_none() {
                         let t = reply.started.elapsed();
@@ -667,6 +658,8 @@ struct Relay<'a> {
     profile: &'a Profile,
     started: Instant,
     retries: usize,
+    /// Longest silence allowed between two chunks.
+    idle: Duration,
 }
 
 /// How a reply is framed, which decides how a reply cut short is ended for the client.
