@@ -55,7 +55,7 @@ impl Admin {
         json!({
             "nodes": nodes,
             "affinity_entries": self.router.affinity.len(),
-            "waiting": self.router.waiting.load(std::sync::atomic::Ordering::Relaxed),
+            "waiting": self.router.waiting(),
         })
     }
 

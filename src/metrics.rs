@@ -126,7 +126,7 @@ pub struct FleetCollector {
     router: Arc<Router>,
     node_up: IntGaugeVec,
     in_flight: IntGaugeVec,
-    queue_depth: IntGaugeVec,
+    waiting: IntGaugeVec,
     resident_models: IntGaugeVec,
     model_resident: IntGaugeVec,
     affinity_entries: IntGauge,
@@ -147,12 +147,12 @@ impl FleetCollector {
             ),
             &["node", "model"],
         )?;
-        let queue_depth = IntGaugeVec::new(
+        let waiting = IntGaugeVec::new(
             Opts::new(
-                "corral_queue_depth",
-                "Requests in flight beyond the node's num_parallel: waiting in the node's queue.",
+                "corral_waiting",
+                "Requests waiting in corral for a free slot on any node, by model.",
             ),
-            &["node", "model"],
+            &["model"],
         )?;
         let resident_models = IntGaugeVec::new(
             Opts::new(
@@ -182,7 +182,7 @@ impl FleetCollector {
         let descs = [
             node_up.desc(),
             in_flight.desc(),
-            queue_depth.desc(),
+            waiting.desc(),
             resident_models.desc(),
             model_resident.desc(),
             affinity_entries.desc(),
@@ -196,7 +196,7 @@ impl FleetCollector {
             router,
             node_up,
             in_flight,
-            queue_depth,
+            waiting,
             resident_models,
             model_resident,
             affinity_entries,
@@ -205,14 +205,19 @@ impl FleetCollector {
         })
     }
 
-    fn refresh(&self) {
-        for gauge in [
+    /// The gauges with labels, rebuilt at each scrape.
+    fn vecs(&self) -> [&IntGaugeVec; 5] {
+        [
             &self.node_up,
             &self.in_flight,
-            &self.queue_depth,
+            &self.waiting,
             &self.resident_models,
             &self.model_resident,
-        ] {
+        ]
+    }
+
+    fn refresh(&self) {
+        for gauge in self.vecs() {
             gauge.reset();
         }
         self.success_ratio.reset();
@@ -232,15 +237,16 @@ impl FleetCollector {
             for model in inv.resident.keys() {
                 self.model_resident.with_label_values(&[name, model]).set(1);
             }
-            let parallel = node.settings().num_parallel as i64;
             for (model, state) in node.models.lock().iter() {
-                let in_flight = i64::from(state.in_flight);
                 self.in_flight
                     .with_label_values(&[name, model])
-                    .set(in_flight);
-                self.queue_depth
-                    .with_label_values(&[name, model])
-                    .set((in_flight - parallel).max(0));
+                    .set(i64::from(state.in_flight));
+            }
+            // Every model the fleet has, so that a zero is a zero and not a missing series.
+            for model in inv.on_disk.keys().chain(inv.resident.keys()) {
+                self.waiting
+                    .with_label_values(&[model])
+                    .set(self.router.waiting_for(model) as i64);
             }
         }
         self.affinity_entries.set(self.router.affinity.len() as i64);
@@ -255,13 +261,7 @@ impl Collector for FleetCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         self.refresh();
         let mut families = Vec::new();
-        for gauge in [
-            &self.node_up,
-            &self.in_flight,
-            &self.queue_depth,
-            &self.resident_models,
-            &self.model_resident,
-        ] {
+        for gauge in self.vecs() {
             families.extend(gauge.collect());
         }
         families.extend(self.affinity_entries.collect());

@@ -10,25 +10,6 @@ use common::*;
 use corral::standin::Fault;
 use futures::StreamExt;
 
-async fn post(router: &Router, body: &serde_json::Value) -> reqwest::Response {
-    client()
-        .post(format!("{}/api/chat", router.url()))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
-
-/// A streamed request that holds a slot for about `tokens` decode steps; returns once the
-/// reply header arrived.
-async fn hold(router: &Router, text: &str, tokens: u32) -> reqwest::Response {
-    let mut body = chat_body(&[text.to_string()], true);
-    body["options"] = serde_json::json!({ "num_predict": tokens });
-    let resp = post(router, &body).await;
-    assert_eq!(resp.status(), 200);
-    resp
-}
-
 fn slow(name: &str, decode_ms: u64) -> corral::standin::StandinConfig {
     let mut c = fast_node(name);
     c.decode_per_token = Duration::from_millis(decode_ms);
@@ -47,7 +28,7 @@ async fn black_hole_node_is_timed_out_retried_elsewhere_and_then_avoided() {
     hole.set_fault(Fault::Hang);
     let mut retries = Vec::new();
     for i in 0..4 {
-        let resp = post(&router, &chat_body(&[format!("q{i}")], false)).await;
+        let resp = post_chat(&router, &chat_body(&[format!("q{i}")], false)).await;
         assert_eq!(resp.status(), 200);
         assert_eq!(header(&resp, "x-fleet-node"), "good");
         retries.push(header(&resp, "x-fleet-retries"));
@@ -121,7 +102,7 @@ async fn a_slow_node_gets_less_work_but_is_not_starved() {
     let picks = futures::future::join_all((0..6).map(|i| async move {
         let mut body = chat_body(&[format!("burst {i}")], false);
         body["options"] = serde_json::json!({ "num_predict": 20 });
-        header(&post(router, &body).await, "x-fleet-node")
+        header(&post_chat(router, &body).await, "x-fleet-node")
     }))
     .await;
     assert!(picks.iter().any(|n| n == "slow"), "{picks:?}");
@@ -157,7 +138,7 @@ async fn requests_wait_for_a_slot_bounded_in_time_and_count() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     // A second waiter is one too many: refused at once.
-    let resp = post(&router, &chat_body(&["one too many".into()], false)).await;
+    let resp = post_chat(&router, &chat_body(&["one too many".into()], false)).await;
     assert_eq!(resp.status(), 503);
     let body: serde_json::Value = resp.json().await.unwrap();
     assert!(body["error"].as_str().unwrap().contains("waiting"));
@@ -184,7 +165,7 @@ async fn a_waiting_request_goes_to_whichever_node_frees_first() {
     let short_node = header(&short, "x-fleet-node");
     assert_ne!(header(&long, "x-fleet-node"), short_node, "one each");
 
-    let resp = post(&router, &chat_body(&["queued".into()], false)).await;
+    let resp = post_chat(&router, &chat_body(&["queued".into()], false)).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         header(&resp, "x-fleet-node"),
@@ -231,7 +212,7 @@ async fn per_client_limit_answers_429() {
     let node = start(slow("n", 50)).await;
     let router = Router::start(vec![NodeSpec::of(&node, 4)], "queue:\n  per_client: 1\n").await;
     let held = hold(&router, "mine", 100).await;
-    let resp = post(&router, &chat_body(&["also mine".into()], false)).await;
+    let resp = post_chat(&router, &chat_body(&["also mine".into()], false)).await;
     assert_eq!(resp.status(), 429);
     assert!(!header(&resp, "retry-after").is_empty());
     drop(held);

@@ -7,20 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// A streamed request of about `tokens` decode steps; returns once its header arrived.
-async fn hold(router: &Router, text: &str, tokens: u32) -> reqwest::Response {
-    let mut body = chat_body(&[text.to_string()], true);
-    body["options"] = serde_json::json!({ "num_predict": tokens });
-    let resp = client()
-        .post(format!("{}/api/chat", router.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp
-}
-
 /// Reads a streamed reply to its end and says whether Ollama's final chunk came.
 async fn completed(resp: reqwest::Response) -> bool {
     let Ok(text) = resp.text().await else {

@@ -58,14 +58,28 @@ async fn metrics_count_what_routing_did() {
         .unwrap();
     assert_eq!(resp.status(), 404);
 
-    let scrape = client()
-        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // Requests are counted when Pingora logs them, just after the reply is sent.
+    let scrape_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let scrape = loop {
+        let scrape = client()
+            .get(&scrape_url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let counted: f64 = scrape
+            .lines()
+            .filter(|l| l.starts_with("corral_requests_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if counted >= 4.0 || std::time::Instant::now() > deadline {
+            break scrape;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let get = |name: &str, labels: &[(&str, &str)]| sample(&scrape, name, labels);
     assert_eq!(
         get("corral_affinity_total", &[("result", "hit")]),

@@ -110,21 +110,6 @@ async fn big_model_avoids_a_node_too_small_for_it() {
     assert!(small.log().iter().all(|r| r.model != "qwen2.5:32b"));
 }
 
-/// Starts a long streamed follow-up of `t` and returns once its reply header arrived, so the
-/// router counts it in flight.
-async fn hold_stream(router: &Router, t: &[String]) -> reqwest::Response {
-    let mut body = chat_body(t, true);
-    body["options"] = serde_json::json!({ "num_predict": 200 });
-    let resp = client()
-        .post(format!("{}/api/chat", router.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp
-}
-
 #[tokio::test]
 async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
     let mut cfgs = vec![fast_node("a"), fast_node("b")];
@@ -146,18 +131,20 @@ async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
     let idle = if busy == "a" { "b" } else { "a" };
 
     // Two follow-ups hold the busy node (depth two)...
-    let d = hold_stream(
+    let d = hold_turns(
         &router,
         &follow(convs[0].0.clone(), convs[0].1.clone(), "go on"),
+        200,
     )
     .await;
     assert_eq!(
         (header(&d, "x-fleet-node"), header(&d, "x-fleet-affinity")),
         (busy.clone(), "hit".into())
     );
-    let e = hold_stream(
+    let e = hold_turns(
         &router,
         &follow(convs[1].0.clone(), convs[1].1.clone(), "go on"),
+        200,
     )
     .await;
     assert_eq!(

@@ -6,7 +6,6 @@
 //! another node send the same body again.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,7 +22,7 @@ use crate::config::{Config, Timeouts};
 use crate::fleet::{Fleet, Node};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
-use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router};
+use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
 
 /// Headers that describe one connection, not the message, and are never forwarded; and the
 /// router's own headers, which a client must not be able to forge.
@@ -124,7 +123,7 @@ impl Forwarder {
         let deadline = Instant::now() + config.queue.max_wait;
         // Nodes tried so far, and how each failed.
         let mut failures: Vec<Failure> = Vec::new();
-        let mut waiting: Option<Waiting> = None;
+        let mut waiting: Option<WaitTicket> = None;
         loop {
             // Listen before looking, so that a slot freed meanwhile is not missed.
             let freed = router.slot_freed();
@@ -143,7 +142,7 @@ impl Forwarder {
             let Some((candidate, dispatch)) = next else {
                 // Every candidate runs as many requests as it has slots: wait for one.
                 if waiting.is_none() {
-                    match Waiting::join(router, config.queue.max_waiting) {
+                    match router.wait_ticket(&profile.model_key, config.queue.max_waiting) {
                         Some(w) => waiting = Some(w),
                         None => {
                             return busy(
@@ -553,24 +552,6 @@ struct Attempt<'a> {
     decision: &'a Decision,
     profile: &'a Profile,
     retries: usize,
-}
-
-/// A request waiting for a slot, counted while it waits.
-struct Waiting(Arc<Router>);
-
-impl Waiting {
-    /// Joins the wait, unless `max` requests already wait.
-    fn join(router: &Arc<Router>, max: usize) -> Option<Waiting> {
-        let before = router.waiting.fetch_add(1, Ordering::AcqRel);
-        let waiting = Waiting(router.clone());
-        (before < max).then_some(waiting)
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 fn peer(node: &Node, timeouts: &Timeouts) -> HttpPeer {

@@ -29,8 +29,9 @@ pub struct Router {
     next_lineage: AtomicU64,
     /// Woken whenever a request finishes, so that waiting requests look again.
     slot_freed: Notify,
-    /// Requests waiting for a slot, fleet-wide.
-    pub waiting: AtomicUsize,
+    /// Requests waiting for a slot, fleet-wide and per model.
+    waiting: AtomicUsize,
+    waiting_by_model: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// The node holding a request's longest warm prefix.
@@ -117,6 +118,7 @@ impl Router {
             next_lineage: AtomicU64::new(1),
             slot_freed: Notify::new(),
             waiting: AtomicUsize::new(0),
+            waiting_by_model: Default::default(),
         }
     }
 
@@ -130,6 +132,37 @@ impl Router {
         self.config.store(Arc::new(config));
         // Limits may have grown: let waiting requests look again.
         self.slot_freed.notify_waiters();
+    }
+
+    /// Counts a request as waiting for a slot, unless `max` requests already wait.
+    pub fn wait_ticket(self: &Arc<Self>, model: &str, max: usize) -> Option<WaitTicket> {
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= max {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        *self
+            .waiting_by_model
+            .lock()
+            .entry(model.to_string())
+            .or_default() += 1;
+        Some(WaitTicket {
+            router: self.clone(),
+            model: model.to_string(),
+        })
+    }
+
+    /// Requests waiting for a slot now, fleet-wide.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Requests waiting for a slot now, for one model.
+    pub fn waiting_for(&self, model: &str) -> usize {
+        self.waiting_by_model
+            .lock()
+            .get(model)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// A future that completes when some request finishes. Create it before looking for
@@ -390,6 +423,25 @@ impl Router {
         {
             slot.lineage = 0;
             slot.depth = 0;
+        }
+    }
+}
+
+/// A request waiting in corral for a free slot; counted until dropped.
+pub struct WaitTicket {
+    router: Arc<Router>,
+    model: String,
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        self.router.waiting.fetch_sub(1, Ordering::AcqRel);
+        let mut by_model = self.router.waiting_by_model.lock();
+        if let Some(n) = by_model.get_mut(&self.model) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                by_model.remove(&self.model);
+            }
         }
     }
 }

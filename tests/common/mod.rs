@@ -258,6 +258,31 @@ pub async fn chat(router: &Router, turns: &[String]) -> (String, String, String)
     (node, affinity, text)
 }
 
+/// POSTs a body to `/api/chat`.
+pub async fn post_chat(router: &Router, body: &serde_json::Value) -> reqwest::Response {
+    client()
+        .post(format!("{}/api/chat", router.url()))
+        .json(body)
+        .send()
+        .await
+        .expect("chat reply")
+}
+
+/// A streamed chat of these turns that keeps its node busy for about `tokens` decode steps;
+/// returns once the reply header arrived, so the router counts it in flight.
+pub async fn hold_turns(router: &Router, turns: &[String], tokens: u32) -> reqwest::Response {
+    let mut body = chat_body(turns, true);
+    body["options"] = serde_json::json!({ "num_predict": tokens });
+    let resp = post_chat(router, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+/// [`hold_turns`] for a one-message conversation.
+pub async fn hold(router: &Router, text: &str, tokens: u32) -> reqwest::Response {
+    hold_turns(router, &[text.to_string()], tokens).await
+}
+
 pub fn header(resp: &reqwest::Response, name: &str) -> String {
     resp.headers()
         .get(name)
