@@ -119,7 +119,8 @@ impl Profile {
                 text_bytes += content.len() + tools.len();
                 let message_images = m.images.as_ref().map_or(0, Vec::len);
                 // OpenAI carries images as content parts.
-                images += message_images as u32 + content.matches("\"image_url\"").count() as u32;
+                let parts = content.matches("\"image_url\"").count();
+                images = images.saturating_add(saturating_u32(message_images + parts));
                 follow_up |= m.role == "assistant";
                 if endpoint.generates() {
                     let mut parts: Vec<&[u8]> =
@@ -137,13 +138,13 @@ impl Profile {
             chain = prompt_chain(&model_key, system, prompt);
         }
         if let Some(top) = &parsed.images {
-            images += top.len() as u32;
+            images = images.saturating_add(saturating_u32(top.len()));
         }
         if let Some(input) = parsed.input {
             text_bytes += input.get().len();
         }
-        let prompt_tokens =
-            (text_bytes.div_ceil(BYTES_PER_TOKEN) as u32).saturating_add(images * TOKENS_PER_IMAGE);
+        let prompt_tokens = saturating_u32(text_bytes.div_ceil(BYTES_PER_TOKEN))
+            .saturating_add(images.saturating_mul(TOKENS_PER_IMAGE));
         let conversation = chain.hashes.get(1).copied().unwrap_or(chain.last());
         Ok(Profile {
             endpoint,
@@ -177,6 +178,11 @@ impl Profile {
             conversation: 0,
         }
     }
+}
+
+/// Counts past `u32::MAX` (bodies are bounded, but not by this code) stay at the maximum.
+fn saturating_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Ollama names a model `name:tag` and reads a bare name as `name:latest`.
@@ -308,6 +314,16 @@ mod tests {
         assert!(!p.stream);
         let p = Profile::parse(Endpoint::Show, br#"{"name":"llama3:8b"}"#).unwrap();
         assert_eq!(p.model_key, "llama3:8b");
+    }
+
+    #[test]
+    fn millions_of_images_saturate_instead_of_overflowing() {
+        // Found by hand while fuzzing: 7.5 million images overflowed u32 tokens.
+        let images = vec!["0"; 7_500_000].join(",");
+        let body = format!(r#"{{"model":"m","images":[{images}]}}"#);
+        let p = Profile::parse(Endpoint::Generate, body.as_bytes()).unwrap();
+        assert_eq!(p.images, 7_500_000);
+        assert_eq!(p.prompt_tokens, u32::MAX);
     }
 
     #[test]
