@@ -163,7 +163,9 @@ async fn graceful_upgrade_hands_the_listener_to_a_new_process() {
     .await;
     let stream = hold(&old, "across the upgrade", 50).await;
 
-    // The new process waits on the upgrade socket for the old one's listeners...
+    // The new process waits for the old one's listeners...
+    let sock = format!("/tmp/corral-test-{}.sock", old.addr.port());
+    let _ = std::fs::remove_file(&sock);
     let mut new = Command::new(env!("CARGO_BIN_EXE_corral"))
         .arg("-c")
         .arg(old.config_path())
@@ -173,7 +175,12 @@ async fn graceful_upgrade_hands_the_listener_to_a_new_process() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("new corral starts");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // (it listens on `upgrade_sock` once it is ready)...
+    eventually("the new process listens for the handover", async || {
+        std::path::Path::new(&sock).exists()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     // ...which SIGQUIT makes the old one hand over before it drains.
     old.signal("QUIT");
     assert!(
