@@ -134,7 +134,6 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
     let mut on_disk: Vec<&String> = inv.on_disk.keys().collect();
     on_disk.sort();
     let settings = node.settings();
-    let parallel = settings.num_parallel as u32;
     let models: serde_json::Map<String, Value> = node
         .models
         .lock()
@@ -154,7 +153,7 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
                 .collect();
             let status = json!({
                 "in_flight": m.in_flight,
-                "queue": m.in_flight.saturating_sub(parallel),
+                "waiting": m.waiting,
                 "ttfb_ms": m.ttfb_ms.get(),
                 "prefill_tokens_per_second": m.prefill_tps.get(),
                 "decode_tokens_per_second": m.decode_tps.get(),

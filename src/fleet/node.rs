@@ -78,8 +78,11 @@ pub struct Slot {
 /// The router's own view of one model on one node.
 #[derive(Clone, Debug, Default)]
 pub struct ModelState {
-    /// Requests sent to this node for this model and not finished: running or queued.
+    /// Requests sent to this node for this model and not finished. corral sends at most
+    /// `num_parallel`, so they all run.
     pub in_flight: u32,
+    /// Requests waiting in corral for a slot here, this node being their best choice.
+    pub waiting: u32,
     pub slots: Vec<Slot>,
     /// Time to the reply's first byte, in milliseconds.
     pub ttfb_ms: Ewma,

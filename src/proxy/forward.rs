@@ -125,6 +125,8 @@ impl Forwarder {
         let mut failures: Vec<Failure> = Vec::new();
         let mut waiting: Option<WaitTicket> = None;
         loop {
+            // The request's own wait must not weigh on its new ranking.
+            drop(waiting.take());
             // Listen before looking, so that a slot freed meanwhile is not missed.
             let freed = router.slot_freed();
             tokio::pin!(freed);
@@ -135,40 +137,30 @@ impl Forwarder {
                 Err(e) => return refuse(session, ctx, e, &config).await,
             };
             let tried: Vec<u16> = failures.iter().map(|f| f.node).collect();
-            let (next, any_untried) = pick(router, &decision, &tried, profile);
-            if !any_untried {
-                return fail(session, ctx, &failures).await;
-            }
-            let Some((candidate, dispatch)) = next else {
-                // Every candidate runs as many requests as it has slots: wait for one.
-                if waiting.is_none() {
-                    match router.wait_ticket(&profile.model_key, config.queue.max_waiting) {
-                        Some(w) => waiting = Some(w),
-                        None => {
-                            return busy(
-                                session,
-                                ctx,
-                                "too many requests are waiting for a node",
-                                &config,
-                            )
-                            .await;
+            let (candidate, dispatch) = match pick(router, &decision, &tried, profile) {
+                Pick::Send(candidate, dispatch) => (candidate, dispatch),
+                Pick::Exhausted => return fail(session, ctx, &failures).await,
+                Pick::Wait(best) => {
+                    let max = config.queue.max_waiting;
+                    waiting = router.wait_ticket(&best.node, &profile.model_key, max);
+                    if waiting.is_none() {
+                        let message = "too many requests are waiting for a node";
+                        return busy(session, ctx, message, &config).await;
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match race(session, left, freed.as_mut()).await {
+                        Wait::Done(()) => continue,
+                        Wait::TimedOut => {
+                            let message = "no node had a free slot in time";
+                            return busy(session, ctx, message, &config).await;
+                        }
+                        Wait::ClientGone => {
+                            ctx.client_gone = true;
+                            return Ok(());
                         }
                     }
                 }
-                let left = deadline.saturating_duration_since(Instant::now());
-                match race(session, left, freed.as_mut()).await {
-                    Wait::Done(()) => continue,
-                    Wait::TimedOut => {
-                        return busy(session, ctx, "no node had a free slot in time", &config)
-                            .await;
-                    }
-                    Wait::ClientGone => {
-                        ctx.client_gone = true;
-                        return Ok(());
-                    }
-                }
             };
-            waiting = None;
             let attempt = Attempt {
                 router,
                 candidate,
@@ -513,29 +505,40 @@ impl Forwarder {
     }
 }
 
-/// The best candidate not tried yet that has a free slot, counted against it; and whether
-/// any eligible candidate is left untried at all.
+/// What to do with a request after ranking.
+enum Pick<'d> {
+    /// Send it to this candidate, counted against it.
+    Send(&'d Candidate, Dispatch),
+    /// The best candidate runs as many requests as it has slots: wait for it, or for the
+    /// ranking to change.
+    Wait(&'d Candidate),
+    /// Every candidate has been tried.
+    Exhausted,
+}
+
+/// Follows the ranking: the best candidate not tried yet. Standby nodes (failing checks,
+/// breaker open) are a last resort, taken only when no live node is left untried.
 fn pick<'d>(
     router: &Arc<Router>,
     decision: &'d Decision,
     tried: &[u16],
     profile: &Profile,
-) -> (Option<(&'d Candidate, Dispatch)>, bool) {
-    // Standby nodes (failing checks, breaker open) are a last resort: while a live node is
-    // left untried, even a busy one, the request waits for it rather than go there.
-    let untried = |c: &&Candidate| !tried.contains(&c.node.id);
-    let live_left = decision.ranked.iter().filter(untried).any(|c| !c.standby);
-    let mut any_untried = false;
-    for candidate in decision.ranked.iter().filter(untried) {
-        if candidate.standby && live_left {
-            continue;
-        }
-        any_untried = true;
-        if let Some(dispatch) = router.try_dispatch(&candidate.node, profile) {
-            return (Some((candidate, dispatch)), true);
-        }
+) -> Pick<'d> {
+    let mut untried = decision
+        .ranked
+        .iter()
+        .filter(|c| !tried.contains(&c.node.id));
+    let best = match untried.clone().find(|c| !c.standby) {
+        Some(live) => live,
+        None => match untried.next() {
+            Some(standby) => standby,
+            None => return Pick::Exhausted,
+        },
+    };
+    match router.try_dispatch(&best.node, profile) {
+        Some(dispatch) => Pick::Send(best, dispatch),
+        None => Pick::Wait(best),
     }
-    (None, any_untried)
 }
 
 /// A node that failed before replying, and how.

@@ -134,8 +134,15 @@ impl Router {
         self.slot_freed.notify_waiters();
     }
 
-    /// Counts a request as waiting for a slot, unless `max` requests already wait.
-    pub fn wait_ticket(self: &Arc<Self>, model: &str, max: usize) -> Option<WaitTicket> {
+    /// Counts a request as waiting for a slot on `node`, its best choice, unless `max`
+    /// requests already wait. Waiting requests add to the node's queue depth, so that
+    /// others weigh the wait before joining it.
+    pub fn wait_ticket(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        model: &str,
+        max: usize,
+    ) -> Option<WaitTicket> {
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= max {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return None;
@@ -145,8 +152,14 @@ impl Router {
             .lock()
             .entry(model.to_string())
             .or_default() += 1;
+        node.models
+            .lock()
+            .entry(model.to_string())
+            .or_default()
+            .waiting += 1;
         Some(WaitTicket {
             router: self.clone(),
+            node: node.clone(),
             model: model.to_string(),
         })
     }
@@ -208,6 +221,8 @@ impl Router {
                 continue;
             }
             let state = node.models.lock().get(model).cloned().unwrap_or_default();
+            // Running here, and waiting in corral for this node.
+            let depth = state.in_flight + state.waiting;
             let served_since_poll = match (state.last_success, inv.polled_at) {
                 (Some(served), Some(polled)) => served > polled,
                 (Some(_), None) => true,
@@ -240,7 +255,7 @@ impl Router {
             let scores = Scores {
                 model_loaded: signals::model_loaded(resident, w),
                 memory_fit,
-                queue_depth: signals::queue_depth(state.in_flight, w),
+                queue_depth: signals::queue_depth(depth, w),
                 latency: signals::latency(speed, best, w) * freshness(state.speed_at, now),
                 role_affinity: signals::role_affinity(&settings.roles, class, w),
                 availability: signals::availability(node.success_ratio(), w),
@@ -250,7 +265,7 @@ impl Router {
                     resident_now.and_then(|r| r.context_length),
                     w,
                 ),
-                session_affinity: signals::session_affinity(warmth, state.in_flight, w),
+                session_affinity: signals::session_affinity(warmth, depth, w),
             };
             ranked.push(Candidate {
                 node: node.clone(),
@@ -430,11 +445,15 @@ impl Router {
 /// A request waiting in corral for a free slot; counted until dropped.
 pub struct WaitTicket {
     router: Arc<Router>,
+    node: Arc<Node>,
     model: String,
 }
 
 impl Drop for WaitTicket {
     fn drop(&mut self) {
+        if let Some(state) = self.node.models.lock().get_mut(&self.model) {
+            state.waiting = state.waiting.saturating_sub(1);
+        }
         self.router.waiting.fetch_sub(1, Ordering::AcqRel);
         let mut by_model = self.router.waiting_by_model.lock();
         if let Some(n) = by_model.get_mut(&self.model) {
@@ -782,6 +801,33 @@ mod tests {
         let d = r.decide(&p).unwrap();
         assert_eq!(d.ranked.len(), 1);
         assert_eq!(d.ranked[0].node.name(), "big");
+    }
+
+    #[test]
+    fn requests_waiting_for_a_node_count_in_its_queue_depth() {
+        let r = router(2, 1);
+        let p = chat(&["x"]);
+        let node = r.fleet.nodes()[0].clone();
+        let _running = r.try_dispatch(&node, &p).unwrap();
+        assert!(r.try_dispatch(&node, &p).is_none(), "one slot: full");
+        let _waiting = r.wait_ticket(&node, MODEL, 10).unwrap();
+        assert_eq!(r.waiting(), 1);
+        assert!(
+            r.wait_ticket(&node, MODEL, 1).is_none(),
+            "max_waiting reached"
+        );
+        let d = r.decide(&chat(&["y"])).unwrap();
+        let queue = d
+            .ranked
+            .iter()
+            .find(|c| c.node.id == node.id)
+            .unwrap()
+            .scores
+            .queue_depth;
+        assert_eq!(queue, -12.0, "one running and one waiting");
+        drop(_waiting);
+        assert_eq!(r.waiting(), 0);
+        assert_eq!(node.models.lock()[MODEL].waiting, 0);
     }
 
     #[test]
