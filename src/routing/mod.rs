@@ -220,7 +220,7 @@ impl Router {
             if known_empty && resident_now.is_none() && !inv.on_disk.contains_key(model) {
                 continue;
             }
-            let state = node.models.lock().get(model).cloned().unwrap_or_default();
+            let state = NodeModelView::read(node, model, settings.num_parallel, now, self.ttl());
             // Running here, and waiting in corral for this node.
             let depth = state.in_flight + state.waiting;
             let served_since_poll = match (state.last_success, inv.polled_at) {
@@ -241,16 +241,14 @@ impl Router {
             };
             let warmth = if pin.is_some_and(|pin| pin.node == node.id) {
                 Warmth::HoldsPrefix
-            } else if p.endpoint.generates()
-                && all_slots_warm(&state, settings.num_parallel, now, self.ttl())
-            {
+            } else if p.endpoint.generates() && state.all_slots_warm {
                 Warmth::WouldDisplace
             } else {
                 Warmth::Free
             };
             let speed = Speed {
-                prefill: state.prefill_tps.get(),
-                decode: state.decode_tps.get(),
+                prefill: state.prefill_tps,
+                decode: state.decode_tps,
             };
             let scores = Scores {
                 model_loaded: signals::model_loaded(resident, w),
@@ -524,6 +522,43 @@ impl Drop for Dispatch {
             }
         }
         self.router.slot_freed.notify_waiters();
+    }
+}
+
+/// What scoring reads of one model's state on one node, copied out under the lock without
+/// allocating.
+#[derive(Default)]
+struct NodeModelView {
+    in_flight: u32,
+    waiting: u32,
+    all_slots_warm: bool,
+    prefill_tps: Option<f64>,
+    decode_tps: Option<f64>,
+    speed_at: Option<Instant>,
+    last_success: Option<Instant>,
+}
+
+impl NodeModelView {
+    fn read(
+        node: &Node,
+        model: &str,
+        parallel: usize,
+        now: Instant,
+        ttl: Duration,
+    ) -> NodeModelView {
+        let models = node.models.lock();
+        let Some(state) = models.get(model) else {
+            return NodeModelView::default();
+        };
+        NodeModelView {
+            in_flight: state.in_flight,
+            waiting: state.waiting,
+            all_slots_warm: all_slots_warm(state, parallel, now, ttl),
+            prefill_tps: state.prefill_tps.get(),
+            decode_tps: state.decode_tps.get(),
+            speed_at: state.speed_at,
+            last_success: state.last_success,
+        }
     }
 }
 
