@@ -46,6 +46,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 pub use config::{Fault, GIB, StandinConfig, StandinModel, demo_fleet};
+pub use residency::ChurnCounts;
 
 use node::Node;
 use server::Server;
@@ -117,6 +118,12 @@ impl StandinNode {
     /// Every generating and embedding request served so far, in order of service start.
     pub fn log(&self) -> Vec<ServedRequest> {
         self.node.log()
+    }
+
+    /// How many models this node has loaded, evicted and unloaded at keep-alive's end since
+    /// it started: what the benchmarks report as cold loads and evictions.
+    pub fn churn(&self) -> ChurnCounts {
+        self.node.residency.churn()
     }
 
     /// Names of the models resident now (idle models past their keep-alive are unloaded

@@ -8,6 +8,7 @@
 //! Models unload lazily once idle for longer than their keep-alive.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -74,6 +75,27 @@ pub struct Residency {
     /// Signalled whenever a model loses a user, so a waiting load can re-check memory.
     released: Notify,
     next_instance: Mutex<u64>,
+    counters: Counters,
+}
+
+/// How often models came and went, for benchmarks: every load, every eviction to make room,
+/// and every unload at the end of a keep-alive.
+#[derive(Debug, Default)]
+struct Counters {
+    loads: AtomicU64,
+    evictions: AtomicU64,
+    expirations: AtomicU64,
+}
+
+/// A snapshot of a node's model churn since it started (preloads are not counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChurnCounts {
+    /// Models loaded for a request.
+    pub loads: u64,
+    /// Idle models unloaded to make room for another.
+    pub evictions: u64,
+    /// Idle models unloaded because their keep-alive ran out.
+    pub expirations: u64,
 }
 
 /// A request's claim on a resident model; while it lives the model is not evicted.
@@ -106,6 +128,7 @@ impl Residency {
             loader: tokio::sync::Mutex::new(()),
             released: Notify::new(),
             next_instance: Mutex::new(0),
+            counters: Counters::default(),
             cfg,
         });
         for name in &residency.cfg.preload {
@@ -222,6 +245,7 @@ impl Residency {
                 return false;
             };
             let evicted = resident.remove(victim);
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
             log::debug!("{}: evicting {}", self.cfg.name, evicted.model.name);
             used -= evicted.model.size_bytes;
         }
@@ -235,6 +259,7 @@ impl Residency {
         resident.retain(|r| {
             let expired = r.idle() && r.expires_at().is_some_and(|at| at <= now);
             if expired {
+                self.counters.expirations.fetch_add(1, Ordering::Relaxed);
                 log::debug!("{}: {} expired", self.cfg.name, r.model.name);
             }
             !expired
@@ -249,6 +274,16 @@ impl Residency {
             r.keep_alive = KeepAlive::For(Duration::ZERO);
         }
         resident.retain(|r| !(r.model.name == name && r.idle()));
+    }
+
+    /// Loads, evictions and keep-alive unloads so far.
+    pub fn churn(&self) -> ChurnCounts {
+        let c = &self.counters;
+        ChurnCounts {
+            loads: c.loads.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            expirations: c.expirations.load(Ordering::Relaxed),
+        }
     }
 
     /// Runs `f` over the ready models, after expiring idle ones.
@@ -354,6 +389,9 @@ impl LoadingGuard {
             lease = Some(residency.lease(r, true, load_duration));
         });
         self.done = lease.is_some();
+        if self.done {
+            residency.counters.loads.fetch_add(1, Ordering::Relaxed);
+        }
         // Only this guard removes a loading entry, so the entry is always there.
         lease.ok_or_else(|| StandinError::internal("model load was interrupted".to_string()))
     }
@@ -422,6 +460,8 @@ mod tests {
         let lease = r.acquire(&want(&cfg, "c:1", 100)).await?;
         assert!(lease.cold_load);
         assert_eq!(names(&r), ["a:1", "c:1"]);
+        let churn = r.churn();
+        assert_eq!((churn.loads, churn.evictions, churn.expirations), (1, 1, 0));
         Ok(())
     }
 

@@ -1,0 +1,238 @@
+#!/usr/bin/env bash
+# Proxy overhead on loopback, in one run: an in-memory Ollama-shaped backend reached
+# directly, through nginx, and through corral, for 1 KiB and 128 KiB chat bodies and for a
+# streamed reply; then how long streamed chunks take to cross each proxy.
+#
+#   scripts/bench-overhead.sh [OUT_DIR]        (default: target/bench-overhead)
+#
+# Writes OUT_DIR/overhead.csv (raw figures), OUT_DIR/overhead.md (tables, corral/nginx
+# ratios, goals) and docs/img/overhead.png. Environment knobs:
+#   DURATION=8  seconds per throughput run      LAT_DURATION=5  seconds per 1-connection run
+#   CONNS=32    connections for throughput     SKIP_BUILD=1    use the binaries already built
+#   PLOT=path   where the chart goes (default docs/img/overhead.png)
+#
+# Placement on the 2-core machines this runs on: the proxy under test gets CPU 0 to itself;
+# the backend and the load generator share CPU 1. nginx runs one worker, corral one thread.
+# Every server listens on 127.0.0.1 only and is stopped when the script exits.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+OUT=${1:-target/bench-overhead}
+DURATION=${DURATION:-8}
+LAT_DURATION=${LAT_DURATION:-5}
+CONNS=${CONNS:-32}
+PLOT=${PLOT:-docs/img/overhead.png}
+mkdir -p "$OUT" "$(dirname "$PLOT")"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d /tmp/corral-overhead.XXXXXX)
+chmod 755 "$WORK" # nginx's worker runs as an unprivileged user
+PIDS=()
+
+cleanup() {
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# --- tools, from the package registries ----------------------------------------------------
+need_apt=()
+command -v nginx >/dev/null || need_apt+=(nginx)
+command -v wrk >/dev/null || need_apt+=(wrk)
+command -v taskset >/dev/null || need_apt+=(util-linux)
+if ((${#need_apt[@]})); then
+    echo "installing ${need_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+NGINX=$(command -v nginx)
+
+if [[ "${SKIP_BUILD:-}" != 1 ]]; then
+    cargo build --release --bins
+fi
+BENCH=target/release/corral-bench
+CORRAL=target/release/corral
+[[ -x $BENCH && -x $CORRAL ]] || { echo "build corral first: cargo build --release --bins" >&2; exit 1; }
+
+# Pins a command to a CPU where there is more than one.
+on_cpu() {
+    local cpu=$1
+    shift
+    if (($(nproc) > 1)); then taskset -c "$cpu" "$@"; else "$@"; fi
+}
+
+# Starts a server in the background, pinned, and remembers its PID for the cleanup. The
+# subshell execs taskset, which execs the server: $! is the server itself.
+start_on_cpu() {
+    local cpu=$1
+    shift
+    if (($(nproc) > 1)); then
+        (exec taskset -c "$cpu" "$@" >/dev/null) &
+    else
+        (exec "$@" >/dev/null) &
+    fi
+    PIDS+=($!)
+}
+
+wait_port() {
+    local port=$1
+    for _ in $(seq 1 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+        sleep 0.05
+    done
+    echo "nothing listens on port $port" >&2
+    exit 1
+}
+
+BACKEND_PORT=$($BENCH free-port)
+NGINX_PORT=$($BENCH free-port)
+CORRAL_PORT=$($BENCH free-port)
+while [[ $NGINX_PORT == "$BACKEND_PORT" ]]; do NGINX_PORT=$($BENCH free-port); done
+while [[ $CORRAL_PORT == "$BACKEND_PORT" || $CORRAL_PORT == "$NGINX_PORT" ]]; do
+    CORRAL_PORT=$($BENCH free-port)
+done
+
+# --- bodies and wrk scripts ----------------------------------------------------------------
+$BENCH make-body --bytes 1024 >"$WORK/1k.json"
+$BENCH make-body --bytes 131072 >"$WORK/128k.json"
+$BENCH make-body --bytes 1024 --stream >"$WORK/stream.json"
+
+# One Lua script per body: POST it, and print the figures in a line that is easy to parse.
+for scenario in 1k 128k stream; do
+    cat >"$WORK/$scenario.lua" <<EOF
+local f = assert(io.open("$WORK/$scenario.json", "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/json"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %.2f %.4f %.4f %.4f %d\n",
+    summary.requests / (summary.duration / 1e6),
+    latency:percentile(50) / 1000, latency:percentile(90) / 1000,
+    latency:percentile(99) / 1000,
+    e.connect + e.read + e.write + e.status + e.timeout))
+end
+EOF
+done
+
+# --- servers -------------------------------------------------------------------------------
+start_on_cpu 1 $BENCH backend --listen "127.0.0.1:$BACKEND_PORT" --threads 1 --chunks 16
+wait_port "$BACKEND_PORT"
+
+mkdir -p "$WORK/nginx/logs"
+cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/nginx/body;
+    proxy_temp_path $WORK/nginx/proxy;
+    fastcgi_temp_path $WORK/nginx/fastcgi;
+    uwsgi_temp_path $WORK/nginx/uwsgi;
+    scgi_temp_path $WORK/nginx/scgi;
+    upstream ollama {
+        server 127.0.0.1:$BACKEND_PORT;
+        keepalive 64;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        # Bodies up to 64 MiB, held in memory up to 1 MiB (no temporary files for 128 KiB),
+        # replies streamed as they come: how nginx is set up in front of Ollama.
+        client_max_body_size 64m;
+        client_body_buffer_size 1m;
+        location / {
+            proxy_pass http://ollama;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 600s;
+        }
+    }
+}
+EOF
+start_on_cpu 0 "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf"
+wait_port "$NGINX_PORT"
+
+cat >"$WORK/corral.yaml" <<EOF
+version: 1
+threads: 1
+grace_period_seconds: 0
+graceful_shutdown_timeout_seconds: 1
+pid_file: /tmp/corral-overhead-$CORRAL_PORT.pid
+upgrade_sock: /tmp/corral-overhead-$CORRAL_PORT.sock
+listen: 127.0.0.1:$CORRAL_PORT
+metrics_listen: null
+admin_listen: null
+poll:
+  interval: 1s
+health:
+  interval: 1s
+nodes:
+  - name: backend
+    url: http://127.0.0.1:$BACKEND_PORT
+    memory_gb: 24
+    # The in-memory backend has no slots to wait for: let corral send it every request at
+    # once, as nginx does, instead of queueing past Ollama's usual 4 in flight.
+    num_parallel: 64
+EOF
+RUST_LOG=warn start_on_cpu 0 $CORRAL -c "$WORK/corral.yaml"
+wait_port "$CORRAL_PORT"
+sleep 2 # two polls: corral has seen the backend's model
+
+declare -A URL=(
+    [direct]="http://127.0.0.1:$BACKEND_PORT"
+    [nginx]="http://127.0.0.1:$NGINX_PORT"
+    [corral]="http://127.0.0.1:$CORRAL_PORT"
+)
+TARGETS=(direct nginx corral)
+
+# Every target must answer a chat before anything is measured.
+for t in "${TARGETS[@]}"; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
+        --data-binary "@$WORK/1k.json" "${URL[$t]}/api/chat")
+    [[ $code == 200 ]] || { echo "$t answered $code to a chat" >&2; exit 1; }
+done
+
+# --- measurements --------------------------------------------------------------------------
+CSV="$OUT/overhead.csv"
+echo "kind,scenario,target,rps,p50_ms,p90_ms,p99_ms,errors" >"$CSV"
+
+# wrk_run KIND SCENARIO TARGET CONNS SECONDS
+wrk_run() {
+    local kind=$1 scenario=$2 target=$3 conns=$4 secs=$5
+    local line
+    line=$(on_cpu 1 wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/$scenario.lua" \
+        "${URL[$target]}/api/chat" | grep '^RESULT') || { echo "wrk failed on $target" >&2; exit 1; }
+    read -r _ rps p50 p90 p99 errors <<<"$line"
+    echo "$kind,$scenario,$target,$rps,$p50,$p90,$p99,$errors" | tee -a "$CSV"
+}
+
+for scenario in 1k 128k stream; do
+    for t in "${TARGETS[@]}"; do
+        on_cpu 1 wrk -t1 -c"$CONNS" -d2s -s "$WORK/$scenario.lua" "${URL[$t]}/api/chat" >/dev/null # warm-up
+        wrk_run throughput "$scenario" "$t" "$CONNS" "$DURATION"
+        wrk_run latency "$scenario" "$t" 1 "$LAT_DURATION"
+    done
+done
+
+# Streamed chunks 2 ms apart, 20 replies of 50 chunks: delivery delay per chunk.
+for t in "${TARGETS[@]}"; do
+    on_cpu 1 $BENCH stream-probe --url "${URL[$t]}" --target "$t" --requests 20 --chunks 50 \
+        --interval-us 2000 | tee -a "$CSV"
+done
+
+# --- report --------------------------------------------------------------------------------
+{
+    echo "Machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem:/ {print $2}') GiB;"
+    echo "$($NGINX -v 2>&1), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2), corral $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo
+    $BENCH overhead-report --csv "$CSV" --plot "$PLOT"
+} | tee "$OUT/overhead.md"

@@ -1,0 +1,349 @@
+//! The simulated fleet the replay runs on, and the `corral` process put in front of it.
+//!
+//! Every figure here is given as real hardware shows it (tokens per second, seconds to load a
+//! model) and divided by the replay's time scale when the stand-in nodes are configured, so
+//! the whole replay runs in minutes while keeping the ratios between nodes, prefill, decoding,
+//! loads and think times that real fleets have.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral::standin::{ChurnCounts, GIB, ServedRequest, StandinConfig, StandinModel, StandinNode};
+
+/// One node, described as the hardware it stands for.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub name: &'static str,
+    /// What the node is meant to resemble, for the report.
+    pub hardware: &'static str,
+    pub memory_gib: u64,
+    /// `OLLAMA_NUM_PARALLEL`.
+    pub slots: usize,
+    pub prefill_tps: f64,
+    pub decode_tps: f64,
+    pub load_secs: f64,
+}
+
+/// A model on disk, with what it takes in memory once loaded (weights and KV cache).
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    pub name: &'static str,
+    pub size_gb: f64,
+    pub context: u32,
+}
+
+/// The model every node preloads and the chat workloads use.
+pub const CHAT_MODEL: &str = "llama3.1:8b";
+
+/// Ollama's default keep-alive, in real seconds.
+pub const KEEP_ALIVE_SECS: f64 = 300.0;
+
+/// Four machines of different memory and speed, as a home lab or a small team has them.
+/// Speeds are of the order llama.cpp shows for 8B models at 4-bit on long contexts.
+pub fn nodes() -> Vec<NodeSpec> {
+    vec![
+        NodeSpec {
+            name: "big",
+            hardware: "workstation, 2x 24 GB GPU",
+            memory_gib: 48,
+            slots: 4,
+            prefill_tps: 4000.0,
+            decode_tps: 60.0,
+            load_secs: 10.0,
+        },
+        NodeSpec {
+            name: "gpu",
+            hardware: "desktop, one 24 GB GPU",
+            memory_gib: 24,
+            slots: 4,
+            prefill_tps: 3000.0,
+            decode_tps: 50.0,
+            load_secs: 10.0,
+        },
+        NodeSpec {
+            name: "mac",
+            hardware: "laptop, 32 GB unified memory (24 for models)",
+            memory_gib: 24,
+            slots: 2,
+            prefill_tps: 1000.0,
+            decode_tps: 30.0,
+            load_secs: 20.0,
+        },
+        NodeSpec {
+            name: "mini",
+            hardware: "mini PC, iGPU with 12 GB",
+            memory_gib: 12,
+            slots: 2,
+            prefill_tps: 400.0,
+            decode_tps: 12.0,
+            load_secs: 30.0,
+        },
+    ]
+}
+
+/// The models of the model-mix workload: together larger than any one node's memory.
+pub fn models() -> Vec<ModelSpec> {
+    let m = |name, size_gb| ModelSpec {
+        name,
+        size_gb,
+        context: 32768,
+    };
+    vec![
+        m(CHAT_MODEL, 6.0),
+        m("qwen2.5:14b", 11.0),
+        m("mistral-small:24b", 16.0),
+        m("gemma2:27b", 19.0),
+        m("qwen2.5:32b", 22.0),
+    ]
+}
+
+/// Simulated time: every real-hardware duration is divided by this factor.
+#[derive(Clone, Copy, Debug)]
+pub struct TimeScale(pub f64);
+
+impl TimeScale {
+    /// The simulated duration of `secs` real seconds.
+    pub fn of_secs(self, secs: f64) -> Duration {
+        Duration::from_secs_f64((secs / self.0).max(0.0))
+    }
+
+    /// The simulated time of one token at `tps` real tokens per second.
+    pub fn per_token(self, tps: f64) -> Duration {
+        self.of_secs(1.0 / tps)
+    }
+}
+
+/// The stand-in configuration of one node: every model that fits its memory is on its disk
+/// (an operator pulls what a machine can run), and the chat model is preloaded.
+pub fn standin_config(spec: &NodeSpec, scale: TimeScale) -> StandinConfig {
+    let memory_bytes = spec.memory_gib * GIB;
+    let on_disk = models()
+        .into_iter()
+        .map(|m| StandinModel::new(m.name, (m.size_gb * 1e9) as u64, m.context))
+        .filter(|m| m.size_bytes <= memory_bytes)
+        .collect();
+    let mut cfg = StandinConfig::new(spec.name);
+    cfg.memory_bytes = memory_bytes;
+    cfg.num_parallel = spec.slots;
+    cfg.models = on_disk;
+    cfg.preload = vec![CHAT_MODEL.to_string()];
+    cfg.load_time = scale.of_secs(spec.load_secs);
+    cfg.prefill_per_token = scale.per_token(spec.prefill_tps);
+    cfg.decode_per_token = scale.per_token(spec.decode_tps);
+    cfg.keep_alive = scale.of_secs(KEEP_ALIVE_SECS);
+    cfg
+}
+
+/// A running fleet of stand-in nodes, fresh for every policy so each starts from the same
+/// state. Dropping it stops every node.
+pub struct Fleet {
+    pub specs: Vec<NodeSpec>,
+    pub configs: Vec<StandinConfig>,
+    pub nodes: Vec<StandinNode>,
+}
+
+impl Fleet {
+    pub async fn start(scale: TimeScale) -> Result<Fleet, String> {
+        let specs = nodes();
+        let configs: Vec<StandinConfig> = specs.iter().map(|s| standin_config(s, scale)).collect();
+        let mut nodes = Vec::with_capacity(configs.len());
+        for cfg in &configs {
+            let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+            let node = StandinNode::start(cfg.clone(), addr)
+                .await
+                .map_err(|e| format!("stand-in {} did not start: {e}", cfg.name))?;
+            nodes.push(node);
+        }
+        Ok(Fleet {
+            specs,
+            configs,
+            nodes,
+        })
+    }
+
+    /// Nodes that have `model` on disk: what a client-side balancer such as Open WebUI
+    /// learns from each node's `/api/tags`.
+    pub fn candidates(&self, model: &str) -> Vec<usize> {
+        self.configs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.models.iter().any(|m| m.name == model))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.specs.iter().position(|s| s.name == name)
+    }
+
+    pub fn logs(&self) -> Vec<Vec<ServedRequest>> {
+        self.nodes.iter().map(StandinNode::log).collect()
+    }
+
+    /// Model churn per node. Listing the resident models first applies keep-alive unloads
+    /// that are due, which the stand-in otherwise notices only when asked (corral's poller
+    /// asks every 200 ms, the baselines never do): so every policy is counted alike.
+    pub fn churn(&self) -> Vec<ChurnCounts> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                n.resident();
+                n.churn()
+            })
+            .collect()
+    }
+}
+
+/// A `corral` process in front of a fleet, on a free loopback port. Killed when dropped.
+pub struct CorralProcess {
+    child: Child,
+    pub url: String,
+    config: PathBuf,
+}
+
+/// How often corral polls `/api/ps` and checks health during the replay.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+impl CorralProcess {
+    /// Starts `binary` with a generated configuration and waits until it has polled every
+    /// node at least once.
+    pub async fn start(binary: &Path, fleet: &Fleet, scale: TimeScale) -> Result<Self, String> {
+        let port = free_port()?;
+        let yaml = corral_yaml(port, fleet, scale);
+        let config = std::env::temp_dir().join(format!("corral-bench-{port}.yaml"));
+        std::fs::File::create(&config)
+            .and_then(|mut f| f.write_all(yaml.as_bytes()))
+            .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        let process = CorralProcess {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            config,
+        };
+        process.wait_ready(port).await?;
+        Ok(process)
+    }
+
+    /// Waits until the port accepts connections and `/api/ps` lists a model, then two more
+    /// poll intervals so that every node has been read.
+    async fn wait_ready(&self, port: u16) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let client = reqwest::Client::new();
+        loop {
+            if Instant::now() > deadline {
+                return Err("corral did not become ready within 30 s".into());
+            }
+            if TcpStream::connect(addr).is_ok() {
+                let listed = client
+                    .get(format!("{}/api/ps", self.url))
+                    .send()
+                    .await
+                    .ok()
+                    .filter(|r| r.status().is_success());
+                if let Some(resp) = listed {
+                    let text = resp.text().await.unwrap_or_default();
+                    if text.contains(CHAT_MODEL) {
+                        tokio::time::sleep(POLL_INTERVAL * 2).await;
+                        return Ok(());
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for CorralProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// corral's configuration for the replay: the fleet as an operator would describe it
+/// (memory, slots), default weights, polls fast enough for simulated time, and an affinity
+/// lifetime equal to the nodes' keep-alive.
+fn corral_yaml(port: u16, fleet: &Fleet, scale: TimeScale) -> String {
+    let ttl_ms = scale.of_secs(KEEP_ALIVE_SECS).as_millis().max(1);
+    let mut yaml = format!(
+        "version: 1\nthreads: 2\ngrace_period_seconds: 0\ngraceful_shutdown_timeout_seconds: 1\n\
+         pid_file: /tmp/corral-bench-{port}.pid\nupgrade_sock: /tmp/corral-bench-{port}.sock\n\
+         listen: 127.0.0.1:{port}\nmetrics_listen: null\nadmin_listen: null\n\
+         poll:\n  interval: {}ms\n  timeout: 2s\nhealth:\n  interval: 1s\n\
+         affinity:\n  ttl: {ttl_ms}ms\nnodes:\n",
+        POLL_INTERVAL.as_millis()
+    );
+    for (node, cfg) in fleet.nodes.iter().zip(&fleet.configs) {
+        yaml.push_str(&format!(
+            "  - name: {}\n    url: {}\n    memory_gb: {:.3}\n    num_parallel: {}\n",
+            cfg.name,
+            node.url(),
+            cfg.memory_bytes as f64 / 1e9,
+            cfg.num_parallel
+        ));
+    }
+    yaml
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// The `corral` binary built beside this one (`target/release/corral` next to
+/// `target/release/corral-bench`).
+pub fn sibling_corral() -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("cannot locate corral-bench: {e}"))?;
+    let dir = me
+        .parent()
+        .ok_or_else(|| "corral-bench has no parent directory".to_string())?;
+    let path = dir.join(format!("corral{}", std::env::consts::EXE_SUFFIX));
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} not found: build it with `cargo build --release --bins`, or pass --corral PATH",
+            path.display()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_divides_real_time() {
+        let s = TimeScale(25.0);
+        assert_eq!(s.of_secs(10.0), Duration::from_millis(400));
+        assert_eq!(s.per_token(4000.0), Duration::from_micros(10));
+    }
+
+    #[test]
+    fn models_fit_where_they_are_on_disk() {
+        for spec in nodes() {
+            let cfg = standin_config(&spec, TimeScale(25.0));
+            assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));
+            assert!(cfg.models.iter().all(|m| m.size_bytes <= cfg.memory_bytes));
+        }
+        let total: f64 = models().iter().map(|m| m.size_gb).sum();
+        let largest = nodes().iter().map(|n| n.memory_gib).max().unwrap_or(0);
+        assert!(total * 1e9 > (largest * GIB) as f64);
+    }
+}

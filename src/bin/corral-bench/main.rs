@@ -1,0 +1,233 @@
+//! `corral-bench`: the measurements behind docs/benchmarks.md.
+//!
+//! - `replay` runs multi-turn workloads against a simulated fleet through corral and four
+//!   baseline policies in one run, and reports warm shares, TTFT, model churn and throughput.
+//! - `backend`, `make-body`, `stream-probe`, `free-port` and `overhead-report` are the parts
+//!   scripts/bench-overhead.sh uses to compare corral with nginx and a direct connection.
+
+mod backend;
+mod client;
+mod fleet;
+mod overhead;
+mod plot;
+mod policy;
+mod probe;
+mod replay;
+mod report;
+mod rng;
+mod suite;
+mod workload;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use fleet::TimeScale;
+use policy::Policy;
+use workload::{Overrides, WorkloadKind};
+
+#[derive(Parser)]
+#[command(name = "corral-bench", about = "Benchmarks for corral")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay multi-turn workloads through corral and the baseline policies.
+    Replay(ReplayArgs),
+    /// Serve an in-memory Ollama-shaped backend (for the overhead measurement).
+    Backend {
+        /// Loopback address to listen on.
+        #[arg(long, default_value = "127.0.0.1:11500")]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Content chunks in a streamed reply (a header can ask for another number).
+        #[arg(long, default_value_t = 16)]
+        chunks: usize,
+    },
+    /// Write a chat body of about this many bytes to standard output.
+    MakeBody {
+        #[arg(long)]
+        bytes: usize,
+        #[arg(long)]
+        stream: bool,
+    },
+    /// Measure how long streamed chunks take from the backend to here, through a URL.
+    StreamProbe {
+        /// The backend or a proxy in front of it.
+        #[arg(long)]
+        url: String,
+        /// Name of the target in the CSV line printed.
+        #[arg(long)]
+        target: String,
+        #[arg(long, default_value_t = 20)]
+        requests: usize,
+        #[arg(long, default_value_t = 50)]
+        chunks: usize,
+        /// Pause between chunks, in microseconds.
+        #[arg(long, default_value_t = 2000)]
+        interval_us: u64,
+    },
+    /// Print a free loopback port.
+    FreePort,
+    /// Turn the overhead script's CSV into tables, ratios, goals and a chart.
+    OverheadReport {
+        #[arg(long)]
+        csv: PathBuf,
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// Workloads to run (repeat the flag, or give a comma-separated list). Default: all.
+    #[arg(long = "workload", value_enum, value_delimiter = ',')]
+    workloads: Vec<WorkloadKind>,
+    /// Policies to compare. Default: all five.
+    #[arg(long = "policy", value_enum, value_delimiter = ',')]
+    policies: Vec<Policy>,
+    /// Real-hardware durations are divided by this to get simulated ones.
+    #[arg(long, default_value_t = 40.0)]
+    time_scale: f64,
+    /// Where replay.json and replay.md are written.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Where the PNG charts are written (default: --out).
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Skip the charts.
+    #[arg(long)]
+    no_plots: bool,
+    /// The corral binary (default: the one next to corral-bench).
+    #[arg(long)]
+    corral: Option<PathBuf>,
+    /// Overrides for every selected workload (defaults differ per workload).
+    #[arg(long)]
+    conversations: Option<usize>,
+    #[arg(long)]
+    turns: Option<usize>,
+    /// Conversations in progress at once.
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Tokens of the first turn's context (document, system prompt or first message).
+    #[arg(long)]
+    prompt_tokens: Option<u32>,
+    /// Tokens of each later user message.
+    #[arg(long)]
+    followup_tokens: Option<u32>,
+    #[arg(long)]
+    reply_tokens: Option<u32>,
+    /// A user's pause between turns, in real-hardware seconds.
+    #[arg(long)]
+    think_secs: Option<f64>,
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli.command) {
+        eprintln!("corral-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(command: Command) -> Result<(), String> {
+    match command {
+        Command::Replay(args) => replay(args),
+        Command::Backend {
+            listen,
+            threads,
+            chunks,
+        } => backend::serve(listen, threads, chunks),
+        Command::MakeBody { bytes, stream } => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(&backend::chat_body(bytes, stream))
+                .map_err(|e| format!("cannot write the body: {e}"))
+        }
+        Command::StreamProbe {
+            url,
+            target,
+            requests,
+            chunks,
+            interval_us,
+        } => {
+            let opts = probe::ProbeOptions {
+                url,
+                requests,
+                chunks,
+                interval: Duration::from_micros(interval_us),
+            };
+            let delays = runtime()?.block_on(probe::run(&opts))?;
+            println!("{}", probe::csv_line(&target, &delays));
+            Ok(())
+        }
+        Command::FreePort => {
+            println!("{}", fleet::free_port()?);
+            Ok(())
+        }
+        Command::OverheadReport { csv, plot } => {
+            print!("{}", overhead::report(&csv, plot.as_deref())?);
+            Ok(())
+        }
+    }
+}
+
+fn replay(args: ReplayArgs) -> Result<(), String> {
+    if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
+        return Err("--time-scale must be a positive number".into());
+    }
+    let workloads = if args.workloads.is_empty() {
+        WorkloadKind::ALL.to_vec()
+    } else {
+        args.workloads
+    };
+    let policies = if args.policies.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        args.policies
+    };
+    let plots = match (args.no_plots, args.plots) {
+        (true, _) => None,
+        (false, Some(dir)) => Some(dir),
+        (false, None) => Some(args.out.clone()),
+    };
+    let opts = suite::Options {
+        workloads,
+        policies,
+        overrides: Overrides {
+            conversations: args.conversations,
+            turns: args.turns,
+            concurrency: args.concurrency,
+            prompt_tokens: args.prompt_tokens,
+            followup_tokens: args.followup_tokens,
+            reply_tokens: args.reply_tokens,
+            think_secs: args.think_secs,
+            seed: args.seed,
+        },
+        scale: TimeScale(args.time_scale),
+        corral_bin: args.corral,
+        out: args.out,
+        plots,
+    };
+    let report = runtime()?.block_on(suite::run(opts))?;
+    print!("{}", report.markdown());
+    Ok(())
+}
+
+/// Two worker threads: the machines this runs on have two cores, shared with corral.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))
+}

@@ -1,0 +1,153 @@
+//! The routing policies compared. The baselines choose a node on the client side, among the
+//! nodes that list the model, and talk to it directly (no proxy hop); corral is a URL.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use clap::ValueEnum;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::rng::Rng;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// A node chosen at random for every request: what Open WebUI does with several
+    /// Ollama URLs.
+    Random,
+    /// Each node in turn.
+    RoundRobin,
+    /// The node with the fewest requests in flight from this client.
+    LeastConnections,
+    /// A hash of the conversation picks the node: a sticky session, as `hash $cookie` in
+    /// nginx would do with a session cookie.
+    StickyHash,
+    /// Through the corral router.
+    Corral,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 5] = [
+        Policy::Random,
+        Policy::RoundRobin,
+        Policy::LeastConnections,
+        Policy::StickyHash,
+        Policy::Corral,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Random => "random",
+            Policy::RoundRobin => "round-robin",
+            Policy::LeastConnections => "least-connections",
+            Policy::StickyHash => "sticky-hash",
+            Policy::Corral => "corral",
+        }
+    }
+}
+
+/// Client-side node choice for the baseline policies.
+pub struct Picker {
+    policy: Policy,
+    rng: Mutex<Rng>,
+    next: AtomicUsize,
+    /// Requests in flight per node, for least-connections.
+    in_flight: Vec<AtomicUsize>,
+}
+
+/// A request counted against a node; gives the count back when dropped.
+pub struct InFlight<'a> {
+    picker: &'a Picker,
+    pub node: usize,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.picker.in_flight[self.node].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Picker {
+    pub fn new(policy: Policy, nodes: usize, seed: u64) -> Picker {
+        Picker {
+            policy,
+            rng: Mutex::new(Rng::derive(seed, policy.name(), 0)),
+            next: AtomicUsize::new(0),
+            in_flight: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+
+    /// Chooses among `candidates` (indexes of nodes that have the model, never empty) and
+    /// counts the request against the choice. `None` for corral, which chooses itself.
+    pub fn pick(&self, conversation: usize, candidates: &[usize]) -> Option<InFlight<'_>> {
+        let n = candidates.len();
+        if n == 0 {
+            return None;
+        }
+        let i = match self.policy {
+            Policy::Corral => return None,
+            Policy::Random => self.rng.lock().below(n as u64) as usize,
+            Policy::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            Policy::StickyHash => sticky(conversation, n),
+            Policy::LeastConnections => self.least_loaded(candidates),
+        };
+        let node = candidates[i];
+        self.in_flight[node].fetch_add(1, Ordering::Relaxed);
+        Some(InFlight { picker: self, node })
+    }
+
+    /// The candidate with the fewest requests in flight; ties go round the candidates in
+    /// turn, as nginx's `least_conn` falls back to round-robin.
+    fn least_loaded(&self, candidates: &[usize]) -> usize {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = candidates.len();
+        (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&i| self.in_flight[candidates[i]].load(Ordering::Relaxed))
+            .unwrap_or(0)
+    }
+}
+
+fn sticky(conversation: usize, n: usize) -> usize {
+    let h = xxhash_rust::xxh3::xxh3_64(&(conversation as u64).to_le_bytes());
+    (h % n as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sticky_is_stable_and_round_robin_rotates() {
+        let p = Picker::new(Policy::StickyHash, 4, 1);
+        let a = p.pick(7, &[0, 1, 2, 3]).map(|f| f.node);
+        let b = p.pick(7, &[0, 1, 2, 3]).map(|f| f.node);
+        assert_eq!(a, b);
+        let rr = Picker::new(Policy::RoundRobin, 3, 1);
+        let picks: Vec<_> = (0..3)
+            .filter_map(|c| rr.pick(c, &[0, 1, 2]).map(|f| f.node))
+            .collect();
+        assert_eq!(picks, [0, 1, 2]);
+    }
+
+    #[test]
+    fn least_connections_avoids_busy_nodes() {
+        let p = Picker::new(Policy::LeastConnections, 3, 1);
+        let first = p.pick(0, &[0, 1, 2]);
+        let second = p.pick(1, &[0, 1, 2]);
+        let third = p.pick(2, &[0, 1, 2]);
+        let mut nodes: Vec<_> = [&first, &second, &third]
+            .iter()
+            .filter_map(|f| f.as_ref().map(|f| f.node))
+            .collect();
+        nodes.sort_unstable();
+        assert_eq!(nodes, [0, 1, 2]);
+        drop(second);
+        assert!(p.pick(3, &[0, 1, 2]).is_some());
+    }
+
+    #[test]
+    fn corral_picks_nothing_client_side() {
+        assert!(Picker::new(Policy::Corral, 2, 1).pick(0, &[0, 1]).is_none());
+    }
+}

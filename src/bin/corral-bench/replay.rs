@@ -1,0 +1,223 @@
+//! Replaying a workload through one policy: a fresh fleet, corral in front of it when the
+//! policy is corral, every conversation run as a user would (send, read the streamed reply,
+//! think, send the next turn with the whole history), and the nodes' own logs at the end.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corral::standin::{ChurnCounts, ServedRequest};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+
+use crate::client;
+use crate::fleet::{CorralProcess, Fleet, TimeScale};
+use crate::policy::{Picker, Policy};
+use crate::workload::{Conversation, WorkloadSpec, rendered_tokens};
+
+/// What does not change between the runs of one replay.
+pub struct Env {
+    pub scale: TimeScale,
+    pub corral_bin: Option<PathBuf>,
+    /// Longest a single turn may take, in simulated time, before it counts as an error.
+    pub turn_timeout: Duration,
+    /// Longest a whole run may take before its remaining turns are abandoned.
+    pub run_timeout: Duration,
+}
+
+/// One turn as the client saw it.
+#[derive(Clone, Debug)]
+pub struct TurnRecord {
+    pub turn: usize,
+    /// Index of the node that served it, when known.
+    pub node: Option<usize>,
+    /// Prompt tokens as the node renders and counts them.
+    pub prompt_tokens: u32,
+    pub prompt_eval_count: Option<u32>,
+    pub reply_tokens: u32,
+    pub ttft: Option<Duration>,
+    pub total: Duration,
+    pub error: Option<String>,
+    /// corral's `X-Fleet-Affinity`.
+    pub affinity: Option<String>,
+}
+
+impl TurnRecord {
+    pub fn follow_up(&self) -> bool {
+        self.turn > 0
+    }
+}
+
+/// Everything one policy's run produced.
+pub struct Run {
+    pub policy: Policy,
+    pub records: Vec<TurnRecord>,
+    /// Turns never sent: the conversation broke off at an error, or the run timed out.
+    pub unsent: usize,
+    pub node_names: Vec<String>,
+    pub logs: Vec<Vec<ServedRequest>>,
+    pub churn: Vec<ChurnCounts>,
+    pub elapsed: Duration,
+    pub timed_out: bool,
+}
+
+/// Shared by the conversations of one run.
+struct RunCtx {
+    env_scale: TimeScale,
+    spec: WorkloadSpec,
+    picker: Picker,
+    fleet: Fleet,
+    corral_url: Option<String>,
+    client: reqwest::Client,
+    turn_timeout: Duration,
+}
+
+pub async fn run(
+    env: &Env,
+    spec: &WorkloadSpec,
+    conversations: &[Arc<Conversation>],
+    policy: Policy,
+) -> Result<Run, String> {
+    let fleet = Fleet::start(env.scale).await?;
+    let corral = match (policy, &env.corral_bin) {
+        (Policy::Corral, Some(bin)) => Some(CorralProcess::start(bin, &fleet, env.scale).await?),
+        (Policy::Corral, None) => return Err("no corral binary to run".into()),
+        _ => None,
+    };
+    let client = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    let ctx = Arc::new(RunCtx {
+        env_scale: env.scale,
+        spec: spec.clone(),
+        picker: Picker::new(policy, fleet.nodes.len(), spec.seed),
+        corral_url: corral.as_ref().map(|c| c.url.clone()),
+        fleet,
+        client,
+        turn_timeout: env.turn_timeout,
+    });
+
+    let started = Instant::now();
+    let gate = Arc::new(Semaphore::new(spec.concurrency));
+    let sink: Arc<Mutex<Vec<TurnRecord>>> = Arc::default();
+    let tasks: Vec<_> = conversations
+        .iter()
+        .map(|c| {
+            let (ctx, gate, c) = (Arc::clone(&ctx), Arc::clone(&gate), Arc::clone(c));
+            let sink = Arc::clone(&sink);
+            tokio::spawn(async move {
+                if let Ok(_permit) = gate.acquire_owned().await {
+                    run_conversation(&ctx, &c, &sink).await;
+                }
+            })
+        })
+        .collect();
+    let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
+    let timed_out = tokio::time::timeout(env.run_timeout, futures::future::join_all(tasks))
+        .await
+        .is_err();
+    if timed_out {
+        log::warn!(
+            "{} / {}: stopped after {:?}, turns not yet sent are counted as unsent",
+            spec.kind.name(),
+            policy.name(),
+            env.run_timeout
+        );
+        aborts.iter().for_each(|a| a.abort());
+    }
+    let elapsed = started.elapsed();
+    drop(corral);
+
+    let records = std::mem::take(&mut *sink.lock());
+    let unsent = (spec.conversations * spec.turns).saturating_sub(records.len());
+    Ok(Run {
+        policy,
+        records,
+        unsent,
+        node_names: ctx.fleet.specs.iter().map(|s| s.name.to_string()).collect(),
+        logs: ctx.fleet.logs(),
+        churn: ctx.fleet.churn(),
+        elapsed,
+        timed_out,
+    })
+}
+
+/// One user's conversation: every turn carries the whole history, as chat clients send it.
+/// Stops at the first failed turn, since the next one would need its reply.
+async fn run_conversation(ctx: &RunCtx, c: &Conversation, sink: &Mutex<Vec<TurnRecord>>) {
+    let scale = ctx.env_scale;
+    if c.id < ctx.spec.concurrency {
+        tokio::time::sleep(scale.of_secs(c.start_secs)).await;
+    }
+    let mut history: Vec<(&'static str, String)> = Vec::new();
+    if let Some(system) = &c.system {
+        history.push(("system", system.to_string()));
+    }
+    for (turn, message) in c.messages.iter().enumerate() {
+        if turn > 0 {
+            let think = c.think_secs.get(turn - 1).copied().unwrap_or(0.0);
+            tokio::time::sleep(scale.of_secs(think)).await;
+        }
+        history.push(("user", message.clone()));
+        let (record, reply) = send_turn(ctx, c, turn, &history).await;
+        let failed = record.error.is_some();
+        sink.lock().push(record);
+        if failed {
+            break;
+        }
+        history.push(("assistant", reply));
+    }
+}
+
+/// Sends one turn through the run's policy and records what happened.
+async fn send_turn(
+    ctx: &RunCtx,
+    c: &Conversation,
+    turn: usize,
+    history: &[(&'static str, String)],
+) -> (TurnRecord, String) {
+    let messages: Vec<(&str, &str)> = history.iter().map(|(r, m)| (*r, m.as_str())).collect();
+    let body = client::chat_body(&c.model, &messages, ctx.spec.reply_tokens);
+    let mut record = TurnRecord {
+        turn,
+        node: None,
+        prompt_tokens: rendered_tokens(messages.iter().copied()),
+        prompt_eval_count: None,
+        reply_tokens: 0,
+        ttft: None,
+        total: Duration::ZERO,
+        error: None,
+        affinity: None,
+    };
+    let candidates = ctx.fleet.candidates(&c.model);
+    let chosen = ctx.picker.pick(c.id, &candidates);
+    let base = match (&chosen, &ctx.corral_url) {
+        (Some(f), _) => ctx.fleet.nodes[f.node].url(),
+        (None, Some(url)) => url.clone(),
+        (None, None) => {
+            record.error = Some(format!("no node has {}", c.model));
+            return (record, String::new());
+        }
+    };
+    record.node = chosen.as_ref().map(|f| f.node);
+    let result = client::chat(&ctx.client, &base, body, ctx.turn_timeout).await;
+    drop(chosen);
+    match result {
+        Ok(reply) => {
+            if let Some(name) = &reply.fleet_node {
+                record.node = ctx.fleet.index_of(name);
+            }
+            record.affinity = reply.fleet_affinity;
+            record.ttft = reply.ttft;
+            record.total = reply.total;
+            record.prompt_eval_count = reply.prompt_eval_count;
+            record.reply_tokens = reply.eval_count.unwrap_or(0);
+            (record, reply.content)
+        }
+        Err(e) => {
+            record.error = Some(e);
+            (record, String::new())
+        }
+    }
+}

@@ -1,0 +1,492 @@
+//! Turning runs into figures: warm shares from the nodes' logs (cross-checked against the
+//! replies), TTFT percentiles, model churn, throughput; then the goals of issue 4 checked
+//! against them, and the Markdown tables of docs/benchmarks.md.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::fleet::{NodeSpec, TimeScale};
+use crate::policy::Policy;
+use crate::replay::{Run, TurnRecord};
+use crate::workload::{WorkloadKind, WorkloadSpec};
+
+/// Nearest-rank percentiles of a set of durations, in milliseconds of simulated time.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Percentiles {
+    pub n: usize,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Percentiles {
+    pub fn of(sorted: &[f64]) -> Percentiles {
+        let at = |q: f64| {
+            if sorted.is_empty() {
+                return f64::NAN;
+            }
+            let rank = (q * sorted.len() as f64).ceil() as usize;
+            sorted[rank.clamp(1, sorted.len()) - 1]
+        };
+        Percentiles {
+            n: sorted.len(),
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// Share of prompt tokens that were already in the serving node's cache.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct WarmShare {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+impl WarmShare {
+    pub fn share(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.cached_tokens as f64 / self.prompt_tokens as f64
+        }
+    }
+
+    fn add(&mut self, prompt: u32, cached: u32) {
+        self.prompt_tokens += u64::from(prompt);
+        self.cached_tokens += u64::from(cached);
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyStats {
+    pub policy: Policy,
+    pub turns: usize,
+    pub errors: usize,
+    pub unsent: usize,
+    pub timed_out: bool,
+    /// From the nodes' logs: the figures the report quotes.
+    pub follow_up_warm: WarmShare,
+    pub first_turn_warm: WarmShare,
+    /// From `prompt_eval_count` in the replies: the cross-check.
+    pub follow_up_warm_by_reply: WarmShare,
+    /// Turns found in a node's log / turns whose log and reply disagree on cached tokens.
+    pub matched_in_logs: usize,
+    pub log_reply_disagreements: usize,
+    pub ttft_first_ms: Percentiles,
+    pub ttft_follow_up_ms: Percentiles,
+    /// Models loaded / evicted for room / unloaded at the end of their keep-alive, fleet-wide.
+    pub cold_loads: u64,
+    pub evictions: u64,
+    pub keep_alive_unloads: u64,
+    /// Requests that waited for a model load (triggered it or queued behind it).
+    pub requests_waiting_on_loads: usize,
+    pub elapsed_s: f64,
+    pub turns_per_s: f64,
+    pub output_tokens_per_s: f64,
+    /// Turns served by each node, in fleet order.
+    pub turns_per_node: Vec<usize>,
+    /// corral's `X-Fleet-Affinity` on follow-ups: hit, miss, new.
+    pub follow_up_affinity: HashMap<String, usize>,
+    /// Every follow-up TTFT, sorted, for the CDF plot.
+    pub ttft_follow_up_samples_ms: Vec<f64>,
+}
+
+pub fn stats(run: &Run) -> PolicyStats {
+    let ok: Vec<&TurnRecord> = run.records.iter().filter(|r| r.error.is_none()).collect();
+    let (by_log, matched, disagreements) = warm_from_logs(run, &ok);
+    let mut by_reply = WarmShare::default();
+    for r in ok.iter().filter(|r| r.follow_up()) {
+        let evaluated = r.prompt_eval_count.unwrap_or(r.prompt_tokens);
+        by_reply.add(r.prompt_tokens, r.prompt_tokens.saturating_sub(evaluated));
+    }
+    let ttft = |follow_up: bool| -> Vec<f64> {
+        let mut v: Vec<f64> = ok
+            .iter()
+            .filter(|r| r.follow_up() == follow_up)
+            .filter_map(|r| r.ttft)
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let follow_up_samples = ttft(true);
+    let mut turns_per_node = vec![0; run.node_names.len()];
+    for node in ok.iter().filter_map(|r| r.node) {
+        turns_per_node[node] += 1;
+    }
+    let mut follow_up_affinity = HashMap::new();
+    for a in ok
+        .iter()
+        .filter(|r| r.follow_up())
+        .filter_map(|r| r.affinity.clone())
+    {
+        *follow_up_affinity.entry(a).or_insert(0) += 1;
+    }
+    let secs = run.elapsed.as_secs_f64().max(1e-9);
+    let output: u64 = ok.iter().map(|r| u64::from(r.reply_tokens)).sum();
+    PolicyStats {
+        policy: run.policy,
+        turns: ok.len(),
+        errors: run.records.len() - ok.len(),
+        unsent: run.unsent,
+        timed_out: run.timed_out,
+        follow_up_warm: by_log.follow_up,
+        first_turn_warm: by_log.first,
+        follow_up_warm_by_reply: by_reply,
+        matched_in_logs: matched,
+        log_reply_disagreements: disagreements,
+        ttft_first_ms: Percentiles::of(&ttft(false)),
+        ttft_follow_up_ms: Percentiles::of(&follow_up_samples),
+        cold_loads: run.churn.iter().map(|c| c.loads).sum(),
+        evictions: run.churn.iter().map(|c| c.evictions).sum(),
+        keep_alive_unloads: run.churn.iter().map(|c| c.expirations).sum(),
+        requests_waiting_on_loads: run.logs.iter().flatten().filter(|l| l.cold_load).count(),
+        elapsed_s: secs,
+        turns_per_s: ok.len() as f64 / secs,
+        output_tokens_per_s: output as f64 / secs,
+        turns_per_node,
+        follow_up_affinity,
+        ttft_follow_up_samples_ms: follow_up_samples,
+    }
+}
+
+#[derive(Default)]
+struct LogWarmth {
+    first: WarmShare,
+    follow_up: WarmShare,
+}
+
+/// Finds each successful turn in its node's log by its prompt size, and takes the cached
+/// tokens the node recorded. Turns of equal size on one node are told apart by the cached
+/// tokens their replies report where possible; a turn paired with a log entry that says
+/// otherwise counts as a disagreement, which would mean the client and the node disagree
+/// about what happened.
+fn warm_from_logs(run: &Run, ok: &[&TurnRecord]) -> (LogWarmth, usize, usize) {
+    let mut logged: HashMap<(usize, u32), Vec<u32>> = HashMap::new();
+    for (node, log) in run.logs.iter().enumerate() {
+        for entry in log.iter().filter(|e| e.endpoint == "/api/chat") {
+            logged
+                .entry((node, entry.prompt_tokens))
+                .or_default()
+                .push(entry.cached_tokens);
+        }
+    }
+    let by_reply = |r: &TurnRecord| {
+        r.prompt_eval_count
+            .map(|evaluated| r.prompt_tokens.saturating_sub(evaluated))
+    };
+    let mut warmth = LogWarmth::default();
+    let (mut matched, mut disagreements) = (0, 0);
+    // Exact pairs first, so that an ambiguous pairing never hides behind a lucky one.
+    let mut unpaired = Vec::new();
+    for r in ok {
+        let Some(bucket) = r.node.and_then(|n| logged.get_mut(&(n, r.prompt_tokens))) else {
+            continue;
+        };
+        match by_reply(r).and_then(|c| bucket.iter().position(|&x| x == c)) {
+            Some(i) => {
+                let cached = bucket.swap_remove(i);
+                matched += 1;
+                warmth.add(r, cached);
+            }
+            None => unpaired.push(*r),
+        }
+    }
+    for r in unpaired {
+        let Some(node) = r.node else { continue };
+        let Some(cached) = logged.get_mut(&(node, r.prompt_tokens)).and_then(Vec::pop) else {
+            continue;
+        };
+        matched += 1;
+        disagreements += usize::from(by_reply(r).is_some_and(|c| c != cached));
+        warmth.add(r, cached);
+    }
+    (warmth, matched, disagreements)
+}
+
+impl LogWarmth {
+    fn add(&mut self, r: &TurnRecord, cached: u32) {
+        let share = if r.follow_up() {
+            &mut self.follow_up
+        } else {
+            &mut self.first
+        };
+        share.add(r.prompt_tokens, cached);
+    }
+}
+
+/// One of the issue's goals, checked against the figures of the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Goal {
+    pub goal: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadReport {
+    pub spec: WorkloadSpec,
+    pub policies: Vec<PolicyStats>,
+    pub goals: Vec<Goal>,
+}
+
+impl WorkloadReport {
+    pub fn new(spec: WorkloadSpec, policies: Vec<PolicyStats>) -> WorkloadReport {
+        let goals = goals(spec.kind, &policies);
+        WorkloadReport {
+            spec,
+            policies,
+            goals,
+        }
+    }
+
+    pub fn get(&self, policy: Policy) -> Option<&PolicyStats> {
+        self.policies.iter().find(|p| p.policy == policy)
+    }
+}
+
+fn goals(kind: WorkloadKind, policies: &[PolicyStats]) -> Vec<Goal> {
+    let get = |p: Policy| policies.iter().find(|s| s.policy == p);
+    let mut out = Vec::new();
+    let Some(corral) = get(Policy::Corral) else {
+        return out;
+    };
+    match kind {
+        WorkloadKind::LongChat => {
+            let warm = corral.follow_up_warm.share();
+            if let Some(sticky) = get(Policy::StickyHash) {
+                let s = sticky.follow_up_warm.share();
+                out.push(Goal {
+                    goal: "follow-up warm share at least sticky-hash's".into(),
+                    measured: format!("corral {} vs sticky-hash {}", pct(warm), pct(s)),
+                    met: warm >= s,
+                });
+            }
+            if let Some(random) = get(Policy::Random) {
+                let r = random.follow_up_warm.share();
+                out.push(Goal {
+                    goal: "follow-up warm share at least twice random's".into(),
+                    measured: format!("corral {} vs random {}", pct(warm), pct(r)),
+                    met: warm >= 2.0 * r,
+                });
+                let (c, r) = (corral.ttft_follow_up_ms.p50, random.ttft_follow_up_ms.p50);
+                out.push(Goal {
+                    goal: "follow-up TTFT p50 at least 3x better than random's".into(),
+                    measured: format!("corral {c:.1} ms vs random {r:.1} ms ({:.1}x)", r / c),
+                    met: c * 3.0 <= r,
+                });
+            }
+        }
+        WorkloadKind::ModelMix => {
+            let others: Vec<_> = policies
+                .iter()
+                .filter(|p| p.policy != Policy::Corral)
+                .collect();
+            let fewest = others.iter().map(|p| p.cold_loads).min().unwrap_or(0);
+            out.push(Goal {
+                goal: "fewer cold loads than every baseline".into(),
+                measured: format!(
+                    "corral {} vs fewest among baselines {fewest}",
+                    corral.cold_loads
+                ),
+                met: !others.is_empty() && corral.cold_loads < fewest,
+            });
+        }
+        WorkloadKind::SharedSystem | WorkloadKind::Overload => {}
+    }
+    out
+}
+
+/// Everything one invocation of `corral-bench replay` measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayReport {
+    pub time_scale: f64,
+    pub machine: String,
+    pub fleet: Vec<NodeRow>,
+    pub workloads: Vec<WorkloadReport>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeRow {
+    pub name: String,
+    pub hardware: String,
+    pub memory_gib: u64,
+    pub slots: usize,
+    pub prefill_tps: f64,
+    pub decode_tps: f64,
+    pub load_secs: f64,
+}
+
+impl NodeRow {
+    pub fn of(s: &NodeSpec) -> NodeRow {
+        NodeRow {
+            name: s.name.into(),
+            hardware: s.hardware.into(),
+            memory_gib: s.memory_gib,
+            slots: s.slots,
+            prefill_tps: s.prefill_tps,
+            decode_tps: s.decode_tps,
+            load_secs: s.load_secs,
+        }
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn ms(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else if x >= 100.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+impl ReplayReport {
+    /// The report as Markdown: the fleet, then per workload its table and goals.
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        let scale = TimeScale(self.time_scale);
+        let _ = writeln!(
+            md,
+            "Time scale {}: every duration is 1/{} of the real-hardware figure. Machine: {}.\n",
+            self.time_scale, self.time_scale, self.machine
+        );
+        md.push_str(
+            "| node | stands for | memory | slots | prefill tok/s | decode tok/s | load |\n",
+        );
+        md.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
+        for n in &self.fleet {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} GiB | {} | {:.0} | {:.0} | {:.0} s ({:.0} ms simulated) |",
+                n.name,
+                n.hardware,
+                n.memory_gib,
+                n.slots,
+                n.prefill_tps,
+                n.decode_tps,
+                n.load_secs,
+                scale.of_secs(n.load_secs).as_secs_f64() * 1000.0
+            );
+        }
+        for w in &self.workloads {
+            md.push_str(&workload_markdown(w));
+        }
+        md
+    }
+}
+
+fn workload_markdown(w: &WorkloadReport) -> String {
+    let s = &w.spec;
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "\n### {}\n\n{} conversations x {} turns, {} at a time; first-turn context {} tokens, \
+         follow-ups {} tokens, replies {} tokens, think {} s (real), seed {}.\n",
+        s.kind.name(),
+        s.conversations,
+        s.turns,
+        s.concurrency,
+        s.prompt_tokens,
+        s.followup_tokens,
+        s.reply_tokens,
+        s.think_secs,
+        s.seed
+    );
+    md.push_str(
+        "| policy | follow-up warm | first-turn warm | TTFT first p50 / p90 / p99 ms | \
+         TTFT follow-up p50 / p90 / p99 ms | cold loads | evictions | keep-alive unloads | \
+         errors | turns/s | tokens/s |\n",
+    );
+    md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for p in &w.policies {
+        let (f, u) = (&p.ttft_first_ms, &p.ttft_follow_up_ms);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} / {} / {} | {} / {} / {} | {} | {} | {} | {} | {:.2} | {:.0} |",
+            p.policy.name(),
+            pct(p.follow_up_warm.share()),
+            pct(p.first_turn_warm.share()),
+            ms(f.p50),
+            ms(f.p90),
+            ms(f.p99),
+            ms(u.p50),
+            ms(u.p90),
+            ms(u.p99),
+            p.cold_loads,
+            p.evictions,
+            p.keep_alive_unloads,
+            p.errors + p.unsent,
+            p.turns_per_s,
+            p.output_tokens_per_s
+        );
+    }
+    md.push_str(&checks_markdown(w));
+    for g in &w.goals {
+        let mark = if g.met { "met" } else { "MISSED" };
+        let _ = writeln!(md, "- goal: {} -- {} ({mark})", g.goal, g.measured);
+    }
+    md
+}
+
+/// The cross-checks and where corral sent follow-ups, one line each.
+fn checks_markdown(w: &WorkloadReport) -> String {
+    let mut md = String::from("\n");
+    for p in &w.policies {
+        let _ = writeln!(
+            md,
+            "- {}: {} of {} turns found in node logs, {} disagree with the reply's \
+             prompt_eval_count; follow-up warm share by replies {}; turns per node {:?}{}",
+            p.policy.name(),
+            p.matched_in_logs,
+            p.turns,
+            p.log_reply_disagreements,
+            pct(p.follow_up_warm_by_reply.share()),
+            p.turns_per_node,
+            affinity_note(p)
+        );
+    }
+    md
+}
+
+fn affinity_note(p: &PolicyStats) -> String {
+    if p.follow_up_affinity.is_empty() {
+        return String::new();
+    }
+    let mut kinds: Vec<_> = p.follow_up_affinity.iter().collect();
+    kinds.sort();
+    let list: Vec<String> = kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    format!("; follow-up X-Fleet-Affinity: {}", list.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        let p = Percentiles::of(&v);
+        assert_eq!((p.p50, p.p90, p.p99), (50.0, 90.0, 99.0));
+        let one = Percentiles::of(&[7.0]);
+        assert_eq!((one.p50, one.p99), (7.0, 7.0));
+        assert!(Percentiles::of(&[]).p50.is_nan());
+    }
+
+    #[test]
+    fn warm_share_is_a_ratio_of_tokens() {
+        let mut w = WarmShare::default();
+        assert_eq!(w.share(), 0.0);
+        w.add(100, 90);
+        w.add(100, 0);
+        assert!((w.share() - 0.45).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,113 @@
+//! The replay benchmark runs end to end on a tiny workload: every workload through all five
+//! policies, corral as its own process, charts drawn. It checks what the benchmark must get
+//! right to be worth reading (every turn served, the nodes' logs and the replies agreeing),
+//! never how fast anything was.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const POLICIES: [&str; 5] = [
+    "random",
+    "round-robin",
+    "least-connections",
+    "sticky-hash",
+    "corral",
+];
+const WORKLOADS: [&str; 4] = ["long-chat", "shared-system", "model-mix", "overload"];
+const CONVERSATIONS: u64 = 2;
+const TURNS: u64 = 2;
+
+#[test]
+fn replay_serves_every_turn_through_every_policy() {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    run_replay(out.path());
+
+    let text = std::fs::read_to_string(out.path().join("replay.json")).expect("replay.json");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("replay.json is JSON");
+    let workloads = report["workloads"].as_array().expect("a list of workloads");
+    let names: Vec<&str> = workloads
+        .iter()
+        .filter_map(|w| w["spec"]["kind"].as_str())
+        .collect();
+    assert_eq!(names, WORKLOADS);
+    for w in workloads {
+        check_workload(w);
+    }
+    let markdown = std::fs::read_to_string(out.path().join("replay.md")).expect("replay.md");
+    assert!(markdown.contains("| corral |"), "{markdown}");
+    for chart in [
+        "replay-warm-share.png",
+        "replay-ttft-follow-up.png",
+        "replay-long-chat-ttft-cdf.png",
+        "replay-model-mix-churn.png",
+    ] {
+        let bytes = std::fs::read(out.path().join(chart)).expect("the chart exists");
+        assert!(bytes.starts_with(b"\x89PNG"), "{chart} is a PNG");
+    }
+}
+
+fn check_workload(w: &serde_json::Value) {
+    let kind = w["spec"]["kind"].as_str().unwrap_or("?");
+    let policies = w["policies"].as_array().expect("a list of policies");
+    let names: Vec<&str> = policies
+        .iter()
+        .filter_map(|p| p["policy"].as_str())
+        .collect();
+    assert_eq!(names, POLICIES, "{kind}");
+    for p in policies {
+        let at = format!("{kind} / {}", p["policy"]);
+        assert_eq!(p["turns"], CONVERSATIONS * TURNS, "{at}: every turn served");
+        assert_eq!(p["errors"], 0, "{at}: no errors");
+        assert_eq!(p["unsent"], 0, "{at}: no turn left unsent");
+        assert_eq!(p["timed_out"], false, "{at}");
+        assert_eq!(
+            p["matched_in_logs"], p["turns"],
+            "{at}: every turn found in its node's log"
+        );
+        assert_eq!(
+            p["log_reply_disagreements"], 0,
+            "{at}: logs and replies agree on cached tokens"
+        );
+        let prompt = p["follow_up_warm"]["prompt_tokens"].as_u64().unwrap_or(0);
+        assert!(prompt > 0, "{at}: follow-ups were counted");
+    }
+}
+
+/// Runs the benchmark binary, killing it if it outlives a generous deadline.
+fn run_replay(out: &Path) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
+        .args(["replay", "--time-scale", "200", "--seed", "7"])
+        .args(["--conversations", &CONVERSATIONS.to_string()])
+        .args(["--turns", &TURNS.to_string()])
+        .args(["--concurrency", "2", "--prompt-tokens", "400"])
+        .args([
+            "--followup-tokens",
+            "20",
+            "--reply-tokens",
+            "4",
+            "--think-secs",
+            "1",
+        ])
+        .arg("--out")
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("corral-bench starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                assert!(status.success(), "corral-bench replay failed: {status}");
+                return;
+            }
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("corral-bench replay did not finish within 120 s");
+            }
+        }
+    }
+}
