@@ -254,7 +254,7 @@ missing=()
 for family in \
   corral_requests_total corral_affinity_total corral_cold_loads_total corral_model_loads_total \
   corral_prompt_tokens_total corral_prompt_tokens_estimated_total corral_retries_total \
-  corral_upstream_errors_total corral_node_up corral_in_flight corral_waiting \
+  corral_upstream_errors_total corral_node_up corral_in_flight corral_queue_depth \
   corral_resident_models corral_model_resident corral_affinity_entries corral_node_success_ratio; do
   grep -Eq "^$family(\{| )" "$scrape" || missing+=("$family")
 done

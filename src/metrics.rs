@@ -149,10 +149,10 @@ impl FleetCollector {
         )?;
         let waiting = IntGaugeVec::new(
             Opts::new(
-                "corral_waiting",
-                "Requests waiting in corral for a free slot on any node, by model.",
+                "corral_queue_depth",
+                "Requests waiting in corral for a slot on this node, their best choice (corral sends a node at most num_parallel requests per model).",
             ),
-            &["model"],
+            &["node", "model"],
         )?;
         let resident_models = IntGaugeVec::new(
             Opts::new(
@@ -238,15 +238,13 @@ impl FleetCollector {
                 self.model_resident.with_label_values(&[name, model]).set(1);
             }
             for (model, state) in node.models.lock().iter() {
+                let labels = [name, model.as_str()];
                 self.in_flight
-                    .with_label_values(&[name, model])
+                    .with_label_values(&labels)
                     .set(i64::from(state.in_flight));
-            }
-            // Every model the fleet has, so that a zero is a zero and not a missing series.
-            for model in inv.on_disk.keys().chain(inv.resident.keys()) {
                 self.waiting
-                    .with_label_values(&[model])
-                    .set(self.router.waiting_for(model) as i64);
+                    .with_label_values(&labels)
+                    .set(i64::from(state.waiting));
             }
         }
         self.affinity_entries.set(self.router.affinity.len() as i64);

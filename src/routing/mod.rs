@@ -29,9 +29,8 @@ pub struct Router {
     next_lineage: AtomicU64,
     /// Woken whenever a request finishes, so that waiting requests look again.
     slot_freed: Notify,
-    /// Requests waiting for a slot, fleet-wide and per model.
+    /// Requests waiting for a slot, fleet-wide (per node and model in `ModelState`).
     waiting: AtomicUsize,
-    waiting_by_model: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 /// The node holding a request's longest warm prefix.
@@ -118,7 +117,6 @@ impl Router {
             next_lineage: AtomicU64::new(1),
             slot_freed: Notify::new(),
             waiting: AtomicUsize::new(0),
-            waiting_by_model: Default::default(),
         }
     }
 
@@ -147,11 +145,6 @@ impl Router {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        *self
-            .waiting_by_model
-            .lock()
-            .entry(model.to_string())
-            .or_default() += 1;
         node.models
             .lock()
             .entry(model.to_string())
@@ -167,15 +160,6 @@ impl Router {
     /// Requests waiting for a slot now, fleet-wide.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
-    }
-
-    /// Requests waiting for a slot now, for one model.
-    pub fn waiting_for(&self, model: &str) -> usize {
-        self.waiting_by_model
-            .lock()
-            .get(model)
-            .copied()
-            .unwrap_or(0)
     }
 
     /// A future that completes when some request finishes. Create it before looking for
@@ -453,13 +437,6 @@ impl Drop for WaitTicket {
             state.waiting = state.waiting.saturating_sub(1);
         }
         self.router.waiting.fetch_sub(1, Ordering::AcqRel);
-        let mut by_model = self.router.waiting_by_model.lock();
-        if let Some(n) = by_model.get_mut(&self.model) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                by_model.remove(&self.model);
-            }
-        }
     }
 }
 
