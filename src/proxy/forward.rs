@@ -92,7 +92,9 @@ impl Forwarder {
         router.abandon(&mut dispatch);
         let node = dispatch.node.clone();
         log::warn!("{}: {}", node.name(), error.error);
-        if error.kind() == "connect" {
+        // Refused, or closed before a reply on a fresh connection: the node is down or
+        // restarting. Cut it off now, before this request's slot is handed to a waiter.
+        if matches!(error.kind(), "connect" | "reset") {
             let cooldown = router.config().breaker.cooldown;
             node.breaker.lock().trip(Instant::now(), cooldown);
         }
@@ -278,6 +280,7 @@ impl Forwarder {
                     started,
                     retries: attempt.retries,
                     idle: timeouts.idle,
+                    breaker_cooldown: attempt.router.config().breaker.cooldown,
                 };
                 let result = self
                     .relay(session, ctx, upstream, &peer, dispatch, reply)
@@ -461,6 +464,13 @@ impl Forwarder {
                 .upstream_errors
                 .with_label_values(&[node.name(), kind])
                 .inc();
+            if *kind == "broken_stream" {
+                // The connection dropped mid-reply: most likely the node went down. Cut it
+                // off before the slots it frees draw waiting requests to it.
+                node.breaker
+                    .lock()
+                    .trip(Instant::now(), reply.breaker_cooldown);
+            }
             dispatch.finish(Outcome::default());
             ctx.broken = true;
             let Some(notice) = framing.error_notice(node.name(), reason) else {
@@ -644,6 +654,7 @@ struct Relay<'a> {
     retries: usize,
     /// Longest silence allowed between two chunks.
     idle: Duration,
+    breaker_cooldown: Duration,
 }
 
 /// How a reply is framed, which decides how a reply cut short is ended for the client.

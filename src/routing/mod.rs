@@ -256,9 +256,6 @@ impl Router {
                 standby: standby(node),
             });
         }
-        if ranked.iter().all(|c| c.standby) {
-            ranked.clear();
-        }
         if ranked.is_empty() {
             return Err(match (too_large, need) {
                 (true, Some(need)) => RouteError::TooLarge {
@@ -840,6 +837,30 @@ mod tests {
         drop(_waiting);
         assert_eq!(r.waiting(), 0);
         assert_eq!(node.models.lock()[MODEL].waiting, 0);
+    }
+
+    #[test]
+    fn breaker_open_nodes_rank_last_but_are_not_refused() {
+        let r = router(2, 2);
+        let nodes = r.fleet.nodes();
+        nodes[0]
+            .breaker
+            .lock()
+            .trip(Instant::now(), Duration::from_secs(60));
+        let d = r.decide(&chat(&["x"])).unwrap();
+        assert_eq!(d.ranked[0].node.id, nodes[1].id);
+        assert!(d.ranked[1].standby && !d.ranked[0].standby);
+        nodes[1]
+            .breaker
+            .lock()
+            .trip(Instant::now(), Duration::from_secs(60));
+        let d = r.decide(&chat(&["x"])).unwrap();
+        assert_eq!(
+            d.ranked.len(),
+            2,
+            "with every breaker open, still better than a refusal"
+        );
+        assert!(d.ranked.iter().all(|c| c.standby));
     }
 
     #[test]
