@@ -249,6 +249,11 @@ if ! "$promtool" check metrics <"$scrape"; then
 fi
 step "promtool check metrics: no problems"
 
+# The Prometheus config that docker-compose.yml mounts.
+"$promtool" check config deploy/prometheus.yml >/dev/null ||
+  fail "promtool check config deploy/prometheus.yml failed"
+step "promtool check config deploy/prometheus.yml: valid"
+
 missing=()
 # family: a sample of it must be in the scrape (histograms by their _bucket series).
 for family in \
