@@ -111,9 +111,12 @@ async fn a_slow_node_gets_less_work_but_is_not_starved() {
 #[tokio::test]
 async fn requests_wait_for_a_slot_bounded_in_time_and_count() {
     let node = start(slow("n", 50)).await;
+    let admin_port = free_port();
     let router = Router::start(
         vec![NodeSpec::of(&node, 1)],
-        "queue:\n  max_wait: 400ms\n  max_waiting: 1\n",
+        &format!(
+            "admin_listen: 127.0.0.1:{admin_port}\nqueue:\n  max_wait: 1500ms\n  max_waiting: 1\n"
+        ),
     )
     .await;
     let held = hold(&router, "holding the only slot", 100).await;
@@ -136,7 +139,11 @@ async fn requests_wait_for_a_slot_bounded_in_time_and_count() {
             )
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while waiting(admin_port).await != 1 {
+        assert!(Instant::now() < deadline, "the first request never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // A second waiter is one too many: refused at once.
     let resp = post_chat(&router, &chat_body(&["one too many".into()], false)).await;
     assert_eq!(resp.status(), 503);
@@ -146,8 +153,21 @@ async fn requests_wait_for_a_slot_bounded_in_time_and_count() {
     let (status, retry_after, waited) = waiter.await.unwrap();
     assert_eq!(status, 503);
     assert!(!retry_after.is_empty());
-    assert!(waited >= Duration::from_millis(400), "{waited:?}");
+    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
     drop(held);
+}
+
+/// Requests waiting in the router's queue, from the admin API.
+async fn waiting(admin_port: u16) -> u64 {
+    let fleet: serde_json::Value = client()
+        .get(format!("http://127.0.0.1:{admin_port}/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    fleet["waiting"].as_u64().unwrap_or(u64::MAX)
 }
 
 #[tokio::test]
@@ -187,15 +207,7 @@ async fn a_waiting_request_goes_to_whichever_node_frees_first() {
     gone.await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let fleet: serde_json::Value = client()
-            .get(format!("http://127.0.0.1:{admin_port}/fleet"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if fleet["waiting"] == 0 {
+        if waiting(admin_port).await == 0 {
             break;
         }
         assert!(
