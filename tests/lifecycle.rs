@@ -75,12 +75,7 @@ async fn sighup_adds_and_removes_nodes_without_dropping_streams() {
     .await;
     let body = serde_json::json!({ "model": "phi3:mini", "stream": false,
         "messages": [{ "role": "user", "content": "hi" }] });
-    let resp = client()
-        .post(format!("{}/api/chat", router.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_chat(&router, &body).await;
     assert_eq!(
         (resp.status().as_u16(), header(&resp, "x-fleet-node")),
         (200, "b".to_string())

@@ -42,12 +42,7 @@ async fn metrics_count_what_routing_did() {
     // Only "cold" has this model, and not loaded: a cold load.
     let body = serde_json::json!({ "model": "qwen2.5:0.5b", "stream": false,
         "messages": [{ "role": "user", "content": "hi" }] });
-    let resp = client()
-        .post(format!("{}/api/chat", router.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_chat(&router, &body).await;
     assert_eq!(header(&resp, "x-fleet-node"), "cold");
     resp.bytes().await.unwrap();
     let resp = client()

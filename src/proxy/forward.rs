@@ -414,6 +414,7 @@ impl Forwarder {
         let framing = ReplyKind::of(upstream_header);
         let header = downstream_header(upstream_header, session, &reply)?;
         let model = model_label(reply.fleet, &reply.profile.model_key).to_string();
+        ctx.model_label = Some(model.clone());
         let labels = [node.name(), model.as_str()];
         self.book_decision(ctx, &reply, &labels);
         ctx.status = status;

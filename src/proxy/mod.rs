@@ -50,6 +50,8 @@ pub struct RequestCtx {
     pub route: &'static str,
     pub endpoint: Option<Endpoint>,
     pub model: Option<String>,
+    /// The model's metrics label, once a node answered (see `metrics::model_label`).
+    pub model_label: Option<String>,
     pub node: Option<String>,
     /// The winning node's total score.
     pub score: Option<f64>,
@@ -319,7 +321,11 @@ impl ProxyHttp for Corral {
             (s, ..) => s,
         };
         let fleet = &self.router.fleet;
-        let model = ctx.model.as_deref().map(|m| model_label(fleet, m));
+        let model = match (&ctx.model_label, &ctx.model) {
+            (Some(label), _) => Some(label.as_str()),
+            (None, Some(m)) => Some(model_label(fleet, m)),
+            (None, None) => None,
+        };
         let node = ctx.node.as_deref();
         self.metrics
             .requests

@@ -20,19 +20,15 @@ impl Tail {
         }
     }
 
+    /// Appends a chunk. The buffer may grow to twice its capacity before its front is
+    /// dropped, so that each byte is moved at most once however small the chunks are.
     pub fn push(&mut self, chunk: &[u8]) {
-        if chunk.len() >= self.cap {
-            self.buf.clear();
-            self.buf.extend_from_slice(&chunk[chunk.len() - self.cap..]);
-            self.truncated = true;
-            return;
-        }
-        let overflow = (self.buf.len() + chunk.len()).saturating_sub(self.cap);
-        if overflow > 0 {
-            self.buf.drain(..overflow);
-            self.truncated = true;
-        }
         self.buf.extend_from_slice(chunk);
+        if self.buf.len() > 2 * self.cap {
+            let excess = self.buf.len() - self.cap;
+            self.buf.drain(..excess);
+            self.truncated = true;
+        }
     }
 
     /// The last complete JSON object: the last NDJSON line, the last SSE `data:` event that
@@ -190,6 +186,10 @@ mod tests {
         t.push(&[b'x'; 100]);
         t.push(b"\n{\"a\":1}");
         assert_eq!(t.last_object(), Some(&b"{\"a\":1}"[..]));
+        for _ in 0..1000 {
+            t.push(b"ab");
+        }
+        assert!(t.buf.len() <= 32, "bounded by twice the capacity");
         let mut t = Tail::new(8);
         t.push(b"{\"long\":\"object cut by the buffer\"}");
         assert_eq!(t.last_object(), None);
