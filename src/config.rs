@@ -11,6 +11,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// Pingora's own limit on a request head (`MAX_HEADER_SIZE` in pingora-core); corral reads
+/// the head first and refuses anything larger, so its limit may not exceed this one.
+pub const PINGORA_MAX_HEADER_BYTES: usize = 1_048_575;
+/// A request line and `Host` fit; anything smaller would refuse ordinary clients.
+const MIN_HEADER_BYTES: usize = 1024;
+
 /// Everything corral reads from its configuration file.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -148,6 +154,10 @@ pub struct Timeouts {
     /// Longest silence allowed between two chunks of a reply.
     #[serde(with = "humantime_serde")]
     pub idle: Duration,
+    /// Time allowed to receive a request's head (request line and headers), counted from
+    /// its first byte; on a new connection also the wait for that first byte.
+    #[serde(with = "humantime_serde")]
+    pub header_read: Duration,
     /// Time allowed to receive a client's whole request body.
     #[serde(with = "humantime_serde")]
     pub body_read: Duration,
@@ -159,6 +169,7 @@ impl Default for Timeouts {
             connect: Duration::from_secs(2),
             first_byte: Duration::from_secs(600),
             idle: Duration::from_secs(120),
+            header_read: Duration::from_secs(30),
             body_read: Duration::from_secs(60),
         }
     }
@@ -167,6 +178,8 @@ impl Default for Timeouts {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
+    /// Largest request head (request line and headers) accepted (431 past it).
+    pub max_header_bytes: usize,
     /// Largest request body accepted (413 past it).
     pub max_body_bytes: usize,
     /// How many other nodes to try when a node refuses the connection.
@@ -176,6 +189,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
+            max_header_bytes: 64 * 1024,
             max_body_bytes: 64 * 1024 * 1024,
             max_retries: 2,
         }
@@ -379,11 +393,18 @@ impl Config {
             ("connect", t.connect),
             ("first_byte", t.first_byte),
             ("idle", t.idle),
+            ("header_read", t.header_read),
             ("body_read", t.body_read),
         ] {
             if value.is_zero() {
                 return Err(format!("timeouts.{key}: must be longer than zero"));
             }
+        }
+        if !(MIN_HEADER_BYTES..=PINGORA_MAX_HEADER_BYTES).contains(&self.limits.max_header_bytes) {
+            return Err(format!(
+                "limits.max_header_bytes: must be between {MIN_HEADER_BYTES} and \
+                 {PINGORA_MAX_HEADER_BYTES} (Pingora reads no larger head)"
+            ));
         }
         if self.limits.max_body_bytes == 0 {
             return Err("limits.max_body_bytes: must be at least 1".into());
@@ -538,6 +559,17 @@ mod tests {
         assert_eq!(c.timeouts.first_byte, Duration::from_secs(600));
         let err = Config::from_yaml("timeouts:\n  idle: 0s\n").unwrap_err();
         assert!(err.contains("timeouts.idle"), "{err}");
+    }
+
+    #[test]
+    fn header_limit_stays_within_what_pingora_reads() {
+        let c = Config::from_yaml("limits:\n  max_header_bytes: 1048575\n").unwrap();
+        assert_eq!(c.limits.max_header_bytes, PINGORA_MAX_HEADER_BYTES);
+        for too in ["1048576", "100"] {
+            let err =
+                Config::from_yaml(&format!("limits:\n  max_header_bytes: {too}\n")).unwrap_err();
+            assert!(err.contains("limits.max_header_bytes"), "{err}");
+        }
     }
 
     #[test]

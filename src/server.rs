@@ -13,7 +13,7 @@ use crate::admin::Admin;
 use crate::config::Config;
 use crate::fleet::{Fleet, Poller};
 use crate::metrics::{FleetCollector, Metrics};
-use crate::proxy::{AccessLog, Corral};
+use crate::proxy::{AccessLog, ClientConnections, Corral};
 use crate::reload::Reloader;
 use crate::routing::Router;
 
@@ -53,12 +53,13 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
         FleetCollector::new(router.clone()).map_err(|e| format!("metrics: {e}"))?,
     ))
     .map_err(|e| format!("metrics: {e}"))?;
-    let access_log = AccessLog::open(&config.access_log)?;
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(
+    let access_log = Arc::new(AccessLog::open(&config.access_log)?);
+    let proxy = pingora_proxy::http_proxy(
         &server.configuration,
-        Corral::new(router.clone(), metrics, access_log),
-        "corral proxy",
+        Corral::new(router.clone(), metrics.clone(), access_log.clone()),
     );
+    let connections = ClientConnections::new(proxy, router.clone(), metrics, access_log);
+    let mut proxy = Service::new("corral proxy".into(), connections);
     proxy.add_tcp(&config.listen);
     server.add_service(proxy);
 

@@ -301,28 +301,146 @@ async fn malformed_and_hostile_input_gets_json_errors_and_harms_no_one() {
     assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
     assert!(stalled.contains("\"error\""));
 
-    // Headers past Pingora's limit (1 MiB) are refused by Pingora itself, before corral
-    // sees the request: a plain 400 with an empty body (docs/robustness.md).
-    let huge = tokio::task::spawn_blocking(move || {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let mut request = b"GET /api/tags HTTP/1.1\r\nHost: x\r\nX-Huge: ".to_vec();
-        request.extend(std::iter::repeat_n(b'x', 1_100_000));
-        request.extend_from_slice(b"\r\n\r\n");
-        let _ = s.write_all(&request);
-        let mut reply = [0u8; 64];
-        let n = s.read(&mut reply).unwrap_or(0);
-        String::from_utf8_lossy(&reply[..n]).to_string()
-    })
-    .await
-    .unwrap();
-    assert!(huge.starts_with("HTTP/1.1 400"), "{huge}");
-
     // The bystander's stream finished whole, and the router still serves.
     let text = String::from_utf8(bystander.bytes().await.unwrap().to_vec()).unwrap();
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(last["done"], true);
     assert_eq!(chat(&router, &["still fine?".into()]).await.0, "n");
+}
+
+/// Writes `request` on a new connection (or after `before` on the same one) and reads
+/// until the router closes it.
+async fn exchange(addr: std::net::SocketAddr, parts: Vec<(Vec<u8>, Duration)>) -> String {
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        for (bytes, pause) in parts {
+            // A refused head may close the connection while the rest is still being sent.
+            let _ = s.write_all(&bytes);
+            std::thread::sleep(pause);
+        }
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        String::from_utf8_lossy(&reply).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
+/// The JSON error of the last response in `reply`, after checking its status line.
+fn json_error(reply: &str, status: &str) -> String {
+    let last = reply.rfind("HTTP/1.1 ").map_or("", |i| &reply[i..]);
+    assert!(last.starts_with(&format!("HTTP/1.1 {status}")), "{reply}");
+    assert!(last.contains("Content-Type: application/json"), "{reply}");
+    let body = last.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let body: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {reply}"));
+    body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{reply}"))
+        .to_string()
+}
+
+fn head_with(extra: &str) -> Vec<u8> {
+    format!("GET /api/tags HTTP/1.1\r\nHost: x\r\n{extra}\r\n").into_bytes()
+}
+
+#[tokio::test]
+async fn request_heads_past_their_limits_get_json_errors_and_harm_no_one() {
+    let node = start(slow("n", 20)).await;
+    let metrics_port = free_port();
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 4)],
+        &format!(
+            "metrics_listen: 127.0.0.1:{metrics_port}\n\
+             timeouts:\n  header_read: 700ms\nlimits:\n  max_header_bytes: 8192\n"
+        ),
+    )
+    .await;
+    let addr = router.addr;
+    let bystander = hold(&router, "bystander", 40).await;
+    let now = Duration::ZERO;
+
+    // Over corral's limit: 431, whether the head is whole or still coming.
+    let big = head_with(&format!("X-Big: {}\r\n", "x".repeat(10_000)));
+    let error = json_error(&exchange(addr, vec![(big, now)]).await, "431");
+    assert!(
+        error.contains("limits.max_header_bytes (8192 bytes)"),
+        "{error}"
+    );
+    // Over Pingora's own limit (1 MiB), which Pingora answered with an empty 400.
+    let huge = head_with(&format!("X-Huge: {}\r\n", "x".repeat(1_100_000)));
+    json_error(&exchange(addr, vec![(huge, now)]).await, "431");
+    let many: String = (0..300).map(|i| format!("X-{i}: y\r\n")).collect();
+    let error = json_error(&exchange(addr, vec![(head_with(&many), now)]).await, "431");
+    assert!(error.contains("more than 256 header fields"), "{error}");
+
+    // Malformed heads: 400 naming what is wrong.
+    let bad_name = head_with("Bad Name: v\r\n");
+    let error = json_error(&exchange(addr, vec![(bad_name, now)]).await, "400");
+    assert!(
+        error.contains("malformed request head: invalid header name"),
+        "{error}"
+    );
+    let bad_line = b"GET /api/tags?q=a b HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
+    json_error(&exchange(addr, vec![(bad_line, now)]).await, "400");
+
+    // Framing that could smuggle a request is still Pingora's to judge: its plain 400
+    // (docs/robustness.md), and the connection closes.
+    let smuggle = b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\
+                    Content-Length: 2\r\n\r\n{}"
+        .to_vec();
+    let reply = exchange(addr, vec![(smuggle, now)]).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+
+    // A head that stalls: 408 once `timeouts.header_read` has passed since its first byte.
+    let started = Instant::now();
+    let stalled = b"GET /api/tags HTTP/1.1\r\nHost:".to_vec();
+    let error = json_error(&exchange(addr, vec![(stalled, now)]).await, "408");
+    assert!(error.contains("not received within 700ms"), "{error}");
+    assert!(started.elapsed() >= Duration::from_millis(700));
+
+    // A head trickled in pieces within the limit is read whole and served.
+    let mut pieces: Vec<(Vec<u8>, Duration)> = head_with("Connection: close\r\n")
+        .chunks(7)
+        .map(|c| (c.to_vec(), Duration::from_millis(10)))
+        .collect();
+    pieces.last_mut().unwrap().1 = now;
+    let reply = exchange(addr, pieces).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains(MODEL), "{reply}");
+
+    // Every request on a kept-alive connection is held to the limits, not just the first.
+    let second = head_with(&format!("X-Big: {}\r\n", "x".repeat(10_000)));
+    let reply = exchange(
+        addr,
+        vec![(head_with(""), Duration::from_millis(200)), (second, now)],
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    json_error(&reply, "431");
+
+    // The bystander's stream finished whole, the router still serves, and the refusals
+    // were counted.
+    let text = String::from_utf8(bystander.bytes().await.unwrap().to_vec()).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["done"], true);
+    assert_eq!(chat(&router, &["still fine?".into()]).await.0, "n");
+    let scrape = scrape(metrics_port).await;
+    let count = |status: &str| -> f64 {
+        let label =
+            format!("endpoint=\"other\",model=\"none\",node=\"none\",status=\"{status}\"}}");
+        scrape
+            .lines()
+            .find(|l| l.starts_with("corral_requests_total{") && l.contains(&label))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        (count("431"), count("400"), count("408")),
+        (4.0, 2.0, 1.0),
+        "{scrape}"
+    );
 }
 
 #[tokio::test]

@@ -54,17 +54,9 @@ async fn metrics_count_what_routing_did() {
     assert_eq!(resp.status(), 404);
 
     // Requests are counted when Pingora logs them, just after the reply is sent.
-    let scrape_url = format!("http://127.0.0.1:{metrics_port}/metrics");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let scrape = loop {
-        let scrape = client()
-            .get(&scrape_url)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let scrape = scrape(metrics_port).await;
         let counted: f64 = scrape
             .lines()
             .filter(|l| l.starts_with("corral_requests_total{"))

@@ -136,14 +136,7 @@ async fn soak_with_nodes_dying_and_coming_back() {
     );
     assert!(cuts >= 5, "the soak ran through several node stops");
 
-    let scrape = client()
-        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let scrape = scrape(metrics_port).await;
     let counted: f64 = scrape
         .lines()
         .filter(|l| {

@@ -8,6 +8,7 @@ mod access;
 mod access_log;
 mod body;
 mod forward;
+mod head;
 mod local;
 mod reply;
 mod respond;
@@ -30,6 +31,7 @@ use crate::request::{Endpoint, Profile, Route};
 use crate::routing::Router;
 pub use access::same_secret;
 pub use access_log::AccessLog;
+pub use head::ClientConnections;
 pub use reply::ReplyStats;
 
 /// The corral proxy service.
@@ -39,7 +41,7 @@ pub struct Corral {
     clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
     forwarder: forward::Forwarder,
     metrics: Arc<Metrics>,
-    access_log: AccessLog,
+    access_log: Arc<AccessLog>,
 }
 
 /// What is known about one request as it goes; read by logging and metrics.
@@ -69,7 +71,7 @@ pub struct RequestCtx {
 }
 
 impl Corral {
-    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, access_log: AccessLog) -> Corral {
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>, access_log: Arc<AccessLog>) -> Corral {
         Corral {
             router,
             clients: Arc::default(),

@@ -48,13 +48,17 @@ pub async fn error(
     message: &str,
     extra: &[(&'static str, String)],
 ) -> Result<()> {
-    let body = serde_json::to_vec(&serde_json::json!({ "error": message })).unwrap_or_default();
     send(
         session,
         status,
         "application/json; charset=utf-8",
-        body.into(),
+        error_body(message).into(),
         extra,
     )
     .await
+}
+
+/// The body of an error: `{"error": "..."}`.
+pub fn error_body(message: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ "error": message })).unwrap_or_default()
 }

@@ -227,6 +227,18 @@ pub fn client() -> reqwest::Client {
 }
 
 /// A chat body: alternating user/assistant turns.
+/// The text of corral's Prometheus endpoint on `metrics_port`.
+pub async fn scrape(metrics_port: u16) -> String {
+    client()
+        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .send()
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 pub fn chat_body(turns: &[String], stream: bool) -> serde_json::Value {
     let messages: Vec<_> = turns
         .iter()
