@@ -10,6 +10,7 @@
 #   DURATION=8  seconds per throughput run      LAT_DURATION=5  seconds per 1-connection run
 #   CONNS=32    connections for throughput     SKIP_BUILD=1    use the binaries already built
 #   PLOT=path   where the chart goes (default docs/img/overhead.png)
+#   CORRAL=path, BENCH=path   binaries to run instead of target/release/ (to compare builds)
 #
 # Placement on the 2-core machines this runs on: the proxy under test gets CPU 0 to itself;
 # the backend and the load generator share CPU 1. nginx runs one worker, corral one thread.
@@ -54,8 +55,8 @@ NGINX=$(command -v nginx)
 if [[ "${SKIP_BUILD:-}" != 1 ]]; then
     cargo build --release --bins
 fi
-BENCH=target/release/corral-bench
-CORRAL=target/release/corral
+BENCH=${BENCH:-target/release/corral-bench}
+CORRAL=${CORRAL:-target/release/corral}
 [[ -x $BENCH && -x $CORRAL ]] || { echo "build corral first: cargo build --release --bins" >&2; exit 1; }
 
 # Pins a command to a CPU where there is more than one.

@@ -7,6 +7,7 @@
 //! JSON error like every other error corral gives, and handed to Pingora whole, from
 //! where the request goes on as before.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -195,6 +196,8 @@ async fn read_head(
     let mut buf = BytesMut::with_capacity(FIRST_READ);
     let mut shutdown = shutdown.clone();
     let first = tokio::select! {
+        // A head already sent is read even when the shutdown has begun, as Pingora does.
+        biased;
         read = timeout(first_byte_wait, stream.read_buf(&mut buf)) => read,
         _ = shutdown.wait_for(|down| *down) => return Head::Closed,
     };
@@ -249,8 +252,15 @@ enum Parsed {
 
 /// Judges the bytes read so far with httparse, as Pingora parses them after.
 fn parse(buf: &[u8], max_bytes: usize) -> Parsed {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    match httparse::Request::new(&mut headers).parse(buf) {
+    // Uninitialized: the parse runs for every request, and 256 headers are 8 KiB to zero.
+    let mut headers = [const { MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut request,
+        buf,
+        &mut headers,
+    );
+    match parsed {
         Ok(httparse::Status::Complete(len)) if len > max_bytes => {
             Parsed::Invalid(431, too_large(max_bytes))
         }
