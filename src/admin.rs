@@ -165,6 +165,8 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
     json!({
         "name": node.name(),
         "url": node.url(),
+        // Where the URL's host resolved last; null while it never has.
+        "address": node.resolved().map(|r| r.addr.to_string()),
         "healthy": healthy,
         "success_ratio": node.success_ratio(),
         "memory_gb": settings.memory_gb,

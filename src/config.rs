@@ -5,7 +5,7 @@
 //! rest. corral rejects keys it does not know, so a typo fails at start with the key's name
 //! instead of being silently ignored.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
 
@@ -308,13 +308,48 @@ pub struct ManagementConfig {
     pub enabled: bool,
 }
 
-/// A node's URL, resolved once at start.
-#[derive(Clone, Debug)]
-pub struct NodeAddress {
-    pub addr: SocketAddr,
-    pub tls: bool,
-    /// Host name for the `Host` header and TLS SNI.
+/// Where a node is reached, from its URL. A host name is resolved again on every poll
+/// (`NodeTarget::resolve`), so a node that moves, such as a recreated container, is
+/// followed, and a node whose name does not resolve yet is only down, not an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeTarget {
+    /// Host name or IP address, also for the `Host` header and TLS SNI.
     pub host: String,
+    pub port: u16,
+    pub tls: bool,
+}
+
+impl NodeTarget {
+    /// The address, when the host is an IP address and needs no resolving.
+    pub fn fixed(&self) -> Option<SocketAddr> {
+        let ip: IpAddr = self.host.parse().ok()?;
+        Some(SocketAddr::new(ip, self.port))
+    }
+
+    /// Resolves the host with the system resolver, off the async threads. The first
+    /// address is used, as a connection to the node would.
+    pub async fn resolve(&self) -> Result<SocketAddr, String> {
+        if let Some(addr) = self.fixed() {
+            return Ok(addr);
+        }
+        tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| format!("cannot resolve '{}': {e}", self.host))?
+            .next()
+            .ok_or_else(|| format!("'{}' resolves to no address", self.host))
+    }
+
+    /// As [`NodeTarget::resolve`], blocking: for the start, before any runtime runs.
+    pub fn resolve_blocking(&self) -> Result<SocketAddr, String> {
+        if let Some(addr) = self.fixed() {
+            return Ok(addr);
+        }
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve '{}': {e}", self.host))?
+            .next()
+            .ok_or_else(|| format!("'{}' resolves to no address", self.host))
+    }
 }
 
 impl Config {
@@ -360,7 +395,7 @@ impl Config {
             if !names.insert(node.name.as_str()) {
                 return Err(format!("{at}.name: '{}' is used twice", node.name));
             }
-            node.address().map_err(|e| format!("{at}.url: {e}"))?;
+            node.target().map_err(|e| format!("{at}.url: {e}"))?;
             if let Some(gb) = node.memory_gb
                 && !(gb.is_finite() && gb > 0.0)
             {
@@ -445,8 +480,8 @@ impl NodeConfig {
         }
     }
 
-    /// Parses and resolves the node's URL.
-    pub fn address(&self) -> Result<NodeAddress, String> {
+    /// Parses the node's URL.
+    pub fn target(&self) -> Result<NodeTarget, String> {
         let uri: http::Uri = self
             .url
             .parse()
@@ -473,12 +508,7 @@ impl NodeConfig {
             .trim_matches(|c| c == '[' || c == ']')
             .to_string();
         let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        let addr = (host.as_str(), port)
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve '{host}': {e}"))?
-            .next()
-            .ok_or_else(|| format!("'{host}' resolves to no address"))?;
-        Ok(NodeAddress { addr, tls, host })
+        Ok(NodeTarget { host, port, tls })
     }
 
     pub fn memory_bytes(&self) -> Option<u64> {
@@ -573,16 +603,28 @@ mod tests {
     }
 
     #[test]
-    fn node_address_resolves() {
-        let n = NodeConfig::new("a", "http://127.0.0.1:11434");
-        let a = n.address().unwrap();
-        assert_eq!(a.addr.port(), 11434);
-        assert!(!a.tls);
+    fn node_url_is_parsed_and_resolved_later() {
+        let t = NodeConfig::new("a", "http://127.0.0.1:11434")
+            .target()
+            .unwrap();
+        assert_eq!(t.fixed(), Some("127.0.0.1:11434".parse().unwrap()));
+        assert!(!t.tls);
+        let t = NodeConfig::new("a", "https://[::1]").target().unwrap();
+        assert_eq!((t.host.as_str(), t.port, t.tls), ("::1", 443, true));
+        assert_eq!(t.resolve_blocking(), Ok("[::1]:443".parse().unwrap()));
         assert!(
             NodeConfig::new("a", "http://127.0.0.1:1/api")
-                .address()
+                .target()
                 .is_err()
         );
+        // A name that does not resolve (RFC 6761 reserves .invalid) is not a config error:
+        // the node is down until it resolves.
+        let c = Config::from_yaml("nodes:\n  - {name: a, url: 'http://gpu.invalid:11434'}\n")
+            .expect("an unresolvable node is valid");
+        let t = c.nodes[0].target().unwrap();
+        assert_eq!(t.fixed(), None);
+        let err = t.resolve_blocking().unwrap_err();
+        assert!(err.contains("cannot resolve 'gpu.invalid'"), "{err}");
     }
 }
 

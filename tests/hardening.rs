@@ -17,6 +17,46 @@ fn slow(name: &str, decode_ms: u64) -> corral::standin::StandinConfig {
 }
 
 #[tokio::test]
+async fn a_node_whose_name_does_not_resolve_is_down_not_fatal() {
+    let node = start(fast_node("n")).await;
+    let admin_port = free_port();
+    // A laptop that is off: its name does not resolve (.invalid never does, RFC 6761).
+    let off = NodeSpec {
+        name: "laptop".into(),
+        url: "http://laptop.invalid:11434".into(),
+        memory_gb: None,
+        num_parallel: 2,
+        roles: Vec::new(),
+    };
+    let router = Router::start(
+        vec![off, NodeSpec::of(&node, 2)],
+        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
+    )
+    .await;
+    for i in 0..4 {
+        let (picked, _, _) = chat(&router, &[format!("conversation {i}")]).await;
+        assert_eq!(picked, "n");
+    }
+    let fleet: serde_json::Value = client()
+        .get(format!("http://127.0.0.1:{admin_port}/fleet"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let laptop = &fleet["nodes"][0];
+    assert_eq!(laptop["name"], "laptop", "{fleet}");
+    assert_eq!(laptop["address"], serde_json::Value::Null, "{fleet}");
+    assert_eq!(laptop["healthy"], false, "{fleet}");
+    assert_eq!(
+        fleet["nodes"][1]["address"],
+        node.addr().to_string(),
+        "{fleet}"
+    );
+}
+
+#[tokio::test]
 async fn black_hole_node_is_timed_out_retried_elsewhere_and_then_avoided() {
     let hole = start(fast_node("hole")).await;
     let good = start(fast_node("good")).await;

@@ -21,7 +21,9 @@ use pingora_load_balancing::health_check::HttpHealthCheck;
 use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backend, Backends, LoadBalancer};
 
-pub use node::{Breaker, Ewma, Inventory, ModelState, Node, Resident, Slot, SuccessRatio};
+pub use node::{
+    Breaker, Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio,
+};
 pub use poller::Poller;
 
 use crate::config::{Config, NodeConfig};
@@ -112,10 +114,11 @@ impl Fleet {
         self.nodes.load().iter().find(|n| n.id == id).cloned()
     }
 
-    /// Passing Pingora's health checks and not cut off by its circuit breaker. Nodes start
+    /// Resolved, passing Pingora's health checks, and not cut off by its circuit breaker. Nodes start
     /// healthy until a check fails.
     pub fn is_healthy(&self, node: &Node) -> bool {
-        self.health.backends().ready(&node.backend)
+        node.resolved()
+            .is_some_and(|r| self.health.backends().ready(&r.backend))
     }
 
     pub fn healthy(&self) -> Vec<Arc<Node>> {
@@ -144,7 +147,11 @@ struct FleetDiscovery(Arc<NodeList>);
 #[async_trait]
 impl ServiceDiscovery for FleetDiscovery {
     async fn discover(&self) -> pingora_core::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
-        let set = self.0.load().iter().map(|n| n.backend.clone()).collect();
+        let nodes = self.0.load();
+        let set = nodes
+            .iter()
+            .filter_map(|n| Some(n.resolved()?.backend.clone()))
+            .collect();
         Ok((set, HashMap::new()))
     }
 }
@@ -193,5 +200,42 @@ mod tests {
         let ids: std::collections::HashSet<u16> = now.iter().map(|n| n.id).collect();
         assert_eq!(ids.len(), 3, "ids are never reused");
         assert!(fleet.node(a.id).is_some());
+    }
+
+    #[test]
+    fn a_node_is_healthy_only_where_its_name_resolved_and_follows_a_move() {
+        let config = Config {
+            nodes: vec![
+                node("a", 1),
+                NodeConfig::new("off", "http://laptop.invalid:11434"),
+            ],
+            ..Default::default()
+        };
+        let fleet = Fleet::new(&config).expect("an unresolvable node does not stop the start");
+        fleet.start().now_or_never().unwrap().unwrap();
+        let (a, off) = (fleet.nodes()[0].clone(), fleet.nodes()[1].clone());
+        assert!(off.resolved().is_none());
+        assert!(!fleet.is_healthy(&off));
+        assert!(fleet.is_healthy(&a));
+        let known = |fleet: &Fleet| -> Vec<String> {
+            let backends = fleet.health.backends().get_backend();
+            backends.iter().map(|b| b.addr.to_string()).collect()
+        };
+        assert_eq!(known(&fleet), vec!["127.0.0.1:1"]);
+
+        // Its name resolves (the laptop woke up): the health checks learn it, and it is
+        // healthy until they find otherwise.
+        assert!(off.set_address("127.0.0.1:7".parse().unwrap()));
+        assert!(
+            !off.set_address("127.0.0.1:7".parse().unwrap()),
+            "not a move"
+        );
+        fleet.start().now_or_never().unwrap().unwrap();
+        assert!(fleet.is_healthy(&off));
+        // It moves: the old address is forgotten.
+        assert!(off.set_address("127.0.0.1:8".parse().unwrap()));
+        fleet.start().now_or_never().unwrap().unwrap();
+        assert_eq!(known(&fleet), vec!["127.0.0.1:1", "127.0.0.1:8"]);
+        assert!(fleet.is_healthy(&off));
     }
 }

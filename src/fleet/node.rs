@@ -4,11 +4,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
+use std::net::SocketAddr;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 use pingora_load_balancing::Backend;
 
-use crate::config::{NodeAddress, NodeConfig};
+use crate::config::{NodeConfig, NodeTarget};
 
 /// What the poller last read from the node's `/api/tags` and `/api/ps`.
 #[derive(Clone, Debug, Default)]
@@ -105,15 +107,23 @@ pub struct Node {
     url: String,
     /// Memory, roles, parallel slots: may change on a configuration reload.
     settings: ArcSwap<NodeConfig>,
-    pub address: NodeAddress,
-    /// Its identity in Pingora's health checks.
-    pub backend: Backend,
+    /// Where the node is reached, from its URL.
+    pub target: NodeTarget,
+    /// Where its host name resolved last. `None` until it resolves: the node is down.
+    resolved: ArcSwapOption<Resolved>,
     pub inventory: ArcSwap<Inventory>,
     pub models: Mutex<HashMap<String, ModelState>>,
     /// Recent ratio of replies that were not failures (1.0 = all good).
     pub success: Mutex<SuccessRatio>,
     /// Passive failure detection, between active health checks.
     pub breaker: Mutex<Breaker>,
+}
+
+/// A node's resolved address, and its identity in Pingora's health checks there.
+#[derive(Debug)]
+pub struct Resolved {
+    pub addr: SocketAddr,
+    pub backend: Backend,
 }
 
 /// A circuit breaker: consecutive failures, or one refused connection, open it and the
@@ -204,21 +214,55 @@ impl Default for SuccessRatio {
 }
 
 impl Node {
+    /// A node, with its host name resolved now if it can be. One that cannot is down
+    /// until the poller resolves it, so that one machine switched off does not keep
+    /// corral from starting.
     pub fn new(id: u16, config: NodeConfig) -> Result<Node, String> {
-        let address = config.address()?;
-        let backend = Backend::new(&address.addr.to_string()).map_err(|e| e.to_string())?;
-        Ok(Node {
+        let target = config.target()?;
+        let resolved = target.resolve_blocking();
+        let node = Node {
             id,
             name: config.name.clone(),
             url: config.url.clone(),
             settings: ArcSwap::from_pointee(config),
-            address,
-            backend,
+            target,
+            resolved: ArcSwapOption::empty(),
             inventory: ArcSwap::from_pointee(Inventory::default()),
             models: Mutex::new(HashMap::new()),
             success: Mutex::new(SuccessRatio::new()),
             breaker: Mutex::new(Breaker::default()),
-        })
+        };
+        match resolved {
+            Ok(addr) => {
+                node.set_address(addr);
+            }
+            Err(e) => log::warn!("node {}: {e}; it is down until it resolves", node.name),
+        }
+        Ok(node)
+    }
+
+    /// Where the node's host name resolved last; `None` while it never has.
+    pub fn resolved(&self) -> Option<Arc<Resolved>> {
+        self.resolved.load_full()
+    }
+
+    /// Records where the node's host name resolves now. `true` when that moved it.
+    pub fn set_address(&self, addr: SocketAddr) -> bool {
+        if self
+            .resolved
+            .load()
+            .as_ref()
+            .is_some_and(|r| r.addr == addr)
+        {
+            return false;
+        }
+        // From a socket address's own text, this parse does not fail.
+        let Ok(backend) = Backend::new(&addr.to_string()) else {
+            return false;
+        };
+        self.resolved
+            .store(Some(Arc::new(Resolved { addr, backend })));
+        true
     }
 
     pub fn name(&self) -> &str {

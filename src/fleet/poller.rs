@@ -81,10 +81,18 @@ impl Poller {
     pub async fn poll_all(&self) {
         let nodes = self.fleet.nodes();
         let polls = nodes.iter().map(|node| self.poll(node));
-        futures::future::join_all(polls).await;
+        let moved = futures::future::join_all(polls).await;
+        if moved.contains(&true) {
+            // The health checks learn the new addresses.
+            if let Err(e) = self.fleet.start().await {
+                log::warn!("health checks did not learn the nodes' new addresses: {e}");
+            }
+        }
     }
 
-    async fn poll(&self, node: &Node) {
+    /// Polls one node, after resolving its host name again. `true` when the node moved.
+    async fn poll(&self, node: &Node) -> bool {
+        let moved = self.resolve(node).await;
         let started = Instant::now();
         let base = node.url().trim_end_matches('/');
         let (tags, ps, version) = tokio::join!(
@@ -106,6 +114,29 @@ impl Poller {
                 if e.is_connect() {
                     node.breaker.lock().trip(Instant::now(), self.cooldown);
                 }
+            }
+        }
+        moved
+    }
+
+    /// Follows a node whose name now resolves elsewhere (a recreated container), or for
+    /// the first time. A name that fails to resolve keeps its last address: a resolver's
+    /// hiccup is not the node's failure.
+    async fn resolve(&self, node: &Node) -> bool {
+        if node.target.fixed().is_some() {
+            return false;
+        }
+        match node.target.resolve().await {
+            Ok(addr) => {
+                let moved = node.set_address(addr);
+                if moved {
+                    log::info!("node {} is at {addr}", node.name());
+                }
+                moved
+            }
+            Err(e) => {
+                log::debug!("node {}: {e}", node.name());
+                false
             }
         }
     }

@@ -256,7 +256,13 @@ impl Forwarder {
     ) -> std::result::Result<Result<()>, AttemptError> {
         let node = &attempt.candidate.node;
         ctx.retries = attempt.retries;
-        let peer = peer(node, timeouts);
+        let Some(peer) = peer(node, timeouts) else {
+            let error = AttemptError {
+                error: Error::explain(ErrorType::ConnectError, "its host name does not resolve"),
+                timed_out: false,
+            };
+            return Err(self.failed(attempt.router, dispatch, error));
+        };
         // A client key is corral's credential, not the node's.
         let strip_auth = !attempt.router.config().api_keys.is_empty();
         let request = match upstream_request(session.req_header(), node, body.len(), strip_auth) {
@@ -568,13 +574,15 @@ struct Attempt<'a> {
     retries: usize,
 }
 
-fn peer(node: &Node, timeouts: &Timeouts) -> HttpPeer {
-    let a = &node.address;
-    let mut peer = HttpPeer::new(a.addr, a.tls, a.host.clone());
+/// The node's peer at its last resolved address; `None` while its name never resolved.
+fn peer(node: &Node, timeouts: &Timeouts) -> Option<HttpPeer> {
+    let addr = node.resolved()?.addr;
+    let t = &node.target;
+    let mut peer = HttpPeer::new(addr, t.tls, t.host.clone());
     peer.options.connection_timeout = Some(timeouts.connect);
     peer.options.write_timeout = Some(timeouts.idle);
     peer.options.idle_timeout = Some(POOL_IDLE);
-    peer
+    Some(peer)
 }
 
 /// Every node tried failed before replying.
@@ -759,8 +767,14 @@ fn upstream_request(
         }
         req.append_header(name.clone(), value.clone())?;
     }
-    let port = node.address.addr.port();
-    req.insert_header("Host", format!("{}:{port}", node.address.host))?;
+    let t = &node.target;
+    let host = if t.host.contains(':') {
+        // An IPv6 address is bracketed in a Host header.
+        format!("[{}]:{}", t.host, t.port)
+    } else {
+        format!("{}:{}", t.host, t.port)
+    };
+    req.insert_header("Host", host)?;
     req.insert_header("Content-Length", body_len.to_string())?;
     Ok(req)
 }
