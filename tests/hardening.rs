@@ -37,14 +37,7 @@ async fn a_node_whose_name_does_not_resolve_is_down_not_fatal() {
         let (picked, _, _) = chat(&router, &[format!("conversation {i}")]).await;
         assert_eq!(picked, "n");
     }
-    let fleet: serde_json::Value = client()
-        .get(format!("http://127.0.0.1:{admin_port}/fleet"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fleet = get_json(&format!("http://127.0.0.1:{admin_port}/fleet")).await;
     let laptop = &fleet["nodes"][0];
     assert_eq!(laptop["name"], "laptop", "{fleet}");
     assert_eq!(laptop["address"], serde_json::Value::Null, "{fleet}");
@@ -199,14 +192,7 @@ async fn requests_wait_for_a_slot_bounded_in_time_and_count() {
 
 /// Requests waiting in the router's queue, from the admin API.
 async fn waiting(admin_port: u16) -> u64 {
-    let fleet: serde_json::Value = client()
-        .get(format!("http://127.0.0.1:{admin_port}/fleet"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fleet = get_json(&format!("http://127.0.0.1:{admin_port}/fleet")).await;
     fleet["waiting"].as_u64().unwrap_or(u64::MAX)
 }
 

@@ -19,14 +19,7 @@ async fn completed(resp: reqwest::Response) -> bool {
 }
 
 async fn model_names(router: &Router) -> Vec<String> {
-    let tags: serde_json::Value = client()
-        .get(format!("{}/api/tags", router.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tags = get_json(&format!("{}/api/tags", router.url())).await;
     tags["models"]
         .as_array()
         .unwrap()

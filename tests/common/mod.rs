@@ -227,6 +227,18 @@ pub fn client() -> reqwest::Client {
 }
 
 /// A chat body: alternating user/assistant turns.
+/// A GET whose reply is JSON.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .expect("a reply")
+        .json()
+        .await
+        .expect("a JSON reply")
+}
+
 /// The text of corral's Prometheus endpoint on `metrics_port`.
 pub async fn scrape(metrics_port: u16) -> String {
     client()
