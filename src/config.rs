@@ -92,6 +92,13 @@ pub struct NodeConfig {
     /// The node's `OLLAMA_NUM_PARALLEL`: how many conversations it keeps warm per model.
     #[serde(default = "default_num_parallel")]
     pub num_parallel: usize,
+    /// The node's `OLLAMA_MULTIUSER_CACHE`, which decides where a new conversation goes.
+    /// Off (Ollama's default): to the idle slot sharing the longest prefix with it, which
+    /// is any slot holding a conversation (all prompts share their first tokens), so it
+    /// pushes that conversation out even when a slot is empty. On (also how a llama.cpp
+    /// server behaves): to an empty slot, else the least recently used one.
+    #[serde(default)]
+    pub multiuser_cache: bool,
 }
 
 fn default_num_parallel() -> usize {
@@ -477,6 +484,7 @@ impl NodeConfig {
             memory_gb: None,
             roles: Vec::new(),
             num_parallel: default_num_parallel(),
+            multiuser_cache: false,
         }
     }
 

@@ -27,6 +27,7 @@ async fn a_node_whose_name_does_not_resolve_is_down_not_fatal() {
         memory_gb: None,
         num_parallel: 2,
         roles: Vec::new(),
+        multiuser_cache: false,
     };
     let router = Router::start(
         vec![off, NodeSpec::of(&node, 2)],

@@ -116,6 +116,9 @@ async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
     for c in &mut cfgs {
         c.num_parallel = 4;
         c.decode_per_token = Duration::from_millis(20);
+        // Nodes that keep all four conversations warm: with Ollama's default slot rule
+        // each new conversation would take the slot of the last one.
+        c.multiuser_cache = true;
     }
     let nodes = futures::future::join_all(cfgs.into_iter().map(start)).await;
     let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 4)).collect(), "").await;
@@ -225,6 +228,63 @@ async fn six_conversations_on_three_nodes_of_two_slots_all_stay_warm() {
             node.name()
         );
     }
+}
+
+/// `X-Fleet-Affinity` says what the node's cache then does, whichever rule the node uses
+/// to give a new conversation a slot (Ollama's `OLLAMA_MULTIUSER_CACHE`).
+#[tokio::test]
+async fn affinity_header_agrees_with_the_nodes_cache_under_both_slot_rules() {
+    for multiuser_cache in [false, true] {
+        let mut cfg = fast_node("n");
+        cfg.multiuser_cache = multiuser_cache;
+        let node = start(cfg).await;
+        let router = Router::start(vec![NodeSpec::of(&node, 2)], "").await;
+
+        let alpha = turns("alpha");
+        let (_, _, reply) = chat(&router, &alpha).await;
+        chat(&router, &turns("bravo")).await;
+        let (_, affinity, _) = chat(&router, &follow(alpha, reply, "And then?")).await;
+        let served = last_log(&node);
+        // By default "bravo" took alpha's slot although the other was empty.
+        let (expected, reused) = if multiuser_cache {
+            ("hit", true)
+        } else {
+            ("miss", false)
+        };
+        assert_eq!(affinity, expected, "multiuser_cache: {multiuser_cache}");
+        assert_eq!(served.cached_tokens > 100, reused, "{served:?}");
+    }
+}
+
+/// With Ollama's default slot rule a new conversation would push out any idle one, so it
+/// goes to the node that holds none, and the first conversation stays warm.
+#[tokio::test]
+async fn a_new_conversation_goes_where_it_pushes_no_conversation_out() {
+    let nodes = futures::future::join_all((0..2).map(|i| start(fast_node(&format!("n{i}"))))).await;
+    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 2)).collect(), "").await;
+    let by_name: HashMap<_, _> = nodes.iter().map(|n| (n.name().to_string(), n)).collect();
+
+    let alpha = turns("alpha");
+    let (home, _, reply) = chat(&router, &alpha).await;
+    let resp = client()
+        .post(format!("{}/api/chat", router.url()))
+        .header("X-Fleet-Explain", "1")
+        .json(&chat_body(&turns("bravo"), false))
+        .send()
+        .await
+        .unwrap();
+    let explain = header(&resp, "x-fleet-explain");
+    assert_ne!(header(&resp, "x-fleet-node"), home, "{explain}");
+    // Although one of its two slots is empty, bravo would have displaced alpha there.
+    let home_scores = explain
+        .split("; ")
+        .find(|s| s.starts_with(&format!("{home} ")))
+        .unwrap_or_default();
+    assert!(home_scores.ends_with("affinity=-8.0"), "{explain}");
+    resp.bytes().await.unwrap();
+    let (node, affinity, _) = chat(&router, &follow(alpha, reply, "And then?")).await;
+    assert_eq!((node.as_str(), affinity.as_str()), (home.as_str(), "hit"));
+    assert!(last_log(by_name[&home]).cached_tokens > 100);
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ pub use affinity::{AffinityTable, Entry};
 pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
-use crate::config::{BreakerConfig, Config};
+use crate::config::{BreakerConfig, Config, NodeConfig};
 use crate::fleet::{Fleet, ModelState, Node, Slot};
 use crate::request::Profile;
 
@@ -204,7 +204,9 @@ impl Router {
             if known_empty && resident_now.is_none() && !inv.on_disk.contains_key(model) {
                 continue;
             }
-            let state = NodeModelView::read(node, model, settings.num_parallel, now, self.ttl());
+            let policy = SlotPolicy::of(&settings);
+            let state =
+                NodeModelView::read(node, model, settings.num_parallel, policy, now, self.ttl());
             // Running here, and waiting in corral for this node.
             let depth = state.in_flight + state.waiting;
             let served_since_poll = match (state.last_success, inv.polled_at) {
@@ -225,7 +227,7 @@ impl Router {
             };
             let warmth = if pin.is_some_and(|pin| pin.node == node.id) {
                 Warmth::HoldsPrefix
-            } else if p.endpoint.generates() && state.all_slots_warm {
+            } else if p.endpoint.generates() && state.new_conversation_displaces {
                 Warmth::WouldDisplace
             } else {
                 Warmth::Free
@@ -352,7 +354,9 @@ impl Router {
         let node = &dispatch.node;
         let now = Instant::now();
         let pin = decision.pin.filter(|pin| pin.node == node.id);
-        let parallel = node.settings().num_parallel.max(1);
+        let settings = node.settings();
+        let parallel = settings.num_parallel.max(1);
+        let policy = SlotPolicy::of(&settings);
         let (index, lineage) = {
             let mut models = node.models.lock();
             let state = models.entry(p.model_key.clone()).or_default();
@@ -365,7 +369,20 @@ impl Router {
             });
             let (index, lineage) = continued.unwrap_or_else(|| {
                 let lineage = self.next_lineage.fetch_add(1, Ordering::Relaxed);
-                (choose_slot(&state.slots, now, self.ttl()), lineage)
+                // A prompt that shares part of a slot's conversation (its system prompt)
+                // takes that slot under the longest-prefix rule, if it is idle; the
+                // multi-user cache copies the shared part into another slot instead.
+                let forked = pin
+                    .filter(|_| policy == SlotPolicy::LongestPrefix)
+                    .and_then(|pin| {
+                        state
+                            .slots
+                            .iter()
+                            .position(|s| s.lineage == pin.lineage && s.busy == 0)
+                    });
+                let index =
+                    forked.unwrap_or_else(|| choose_slot(&state.slots, policy, now, self.ttl()));
+                (index, lineage)
             });
             let slot = &mut state.slots[index];
             slot.lineage = lineage;
@@ -505,7 +522,8 @@ impl Drop for Dispatch {
 struct NodeModelView {
     in_flight: u32,
     waiting: u32,
-    all_slots_warm: bool,
+    /// A new conversation here would push a warm one out of its slot.
+    new_conversation_displaces: bool,
     prefill_tps: Option<f64>,
     decode_tps: Option<f64>,
     speed_at: Option<Instant>,
@@ -517,6 +535,7 @@ impl NodeModelView {
         node: &Node,
         model: &str,
         parallel: usize,
+        policy: SlotPolicy,
         now: Instant,
         ttl: Duration,
     ) -> NodeModelView {
@@ -527,7 +546,7 @@ impl NodeModelView {
         NodeModelView {
             in_flight: state.in_flight,
             waiting: state.waiting,
-            all_slots_warm: all_slots_warm(state, parallel, now, ttl),
+            new_conversation_displaces: displaces_warm(state, parallel, policy, now, ttl),
             prefill_tps: state.prefill_tps.get(),
             decode_tps: state.decode_tps.get(),
             speed_at: state.speed_at,
@@ -550,14 +569,70 @@ fn is_warm(slot: &Slot, now: Instant, ttl: Duration) -> bool {
     slot.lineage != 0 && slot.last_used.is_some_and(|t| now.duration_since(t) <= ttl)
 }
 
-/// Every slot of the model holds a warm conversation: a new one would push one out.
-fn all_slots_warm(state: &ModelState, parallel: usize, now: Instant, ttl: Duration) -> bool {
-    state.slots.len() >= parallel && state.slots.iter().all(|s| is_warm(s, now, ttl))
+/// How a node's runner chooses the slot of a prompt that continues none: Ollama's
+/// `OLLAMA_MULTIUSER_CACHE` setting (`nodes[].multiuser_cache`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotPolicy {
+    /// Ollama's default: the idle slot sharing the longest prefix with the prompt. Every
+    /// prompt shares its first tokens (BOS, the chat template) with any slot that holds
+    /// something, so that is the first idle slot holding a conversation, never an empty
+    /// one while such a slot is idle.
+    LongestPrefix,
+    /// Multi-user cache, and llama.cpp's server: an empty slot, else the least recently
+    /// used idle one.
+    LeastRecentlyUsed,
 }
 
-/// Ollama's choice for a request without a warm prefix: a cold slot if there is one, else
-/// the least recently used idle slot, else the least recently used.
-fn choose_slot(slots: &[Slot], now: Instant, ttl: Duration) -> usize {
+impl SlotPolicy {
+    fn of(settings: &NodeConfig) -> SlotPolicy {
+        if settings.multiuser_cache {
+            SlotPolicy::LeastRecentlyUsed
+        } else {
+            SlotPolicy::LongestPrefix
+        }
+    }
+}
+
+/// Whether a new conversation sent here would take the slot of a warm one.
+fn displaces_warm(
+    state: &ModelState,
+    parallel: usize,
+    policy: SlotPolicy,
+    now: Instant,
+    ttl: Duration,
+) -> bool {
+    let warm = |s: &Slot| is_warm(s, now, ttl);
+    match policy {
+        // It takes an idle slot holding a conversation if there is one; with every slot
+        // busy, it will take the next to free, which holds the conversation just served.
+        SlotPolicy::LongestPrefix => {
+            let all_busy = state.slots.len() >= parallel && state.slots.iter().all(|s| s.busy > 0);
+            state
+                .slots
+                .iter()
+                .any(|s| warm(s) && (s.busy == 0 || all_busy))
+        }
+        SlotPolicy::LeastRecentlyUsed => {
+            state.slots.len() >= parallel && state.slots.iter().all(warm)
+        }
+    }
+}
+
+/// The slot the node gives a prompt that continues no conversation it holds.
+fn choose_slot(slots: &[Slot], policy: SlotPolicy, now: Instant, ttl: Duration) -> usize {
+    match policy {
+        SlotPolicy::LongestPrefix => {
+            // Any slot with content beats an empty one, whatever its age: the node keeps
+            // a slot's content until the model unloads (which the poller clears).
+            let first_idle = |holds: bool| {
+                slots
+                    .iter()
+                    .position(|s| s.busy == 0 && (s.lineage != 0) == holds)
+            };
+            return first_idle(true).or_else(|| first_idle(false)).unwrap_or(0);
+        }
+        SlotPolicy::LeastRecentlyUsed => {}
+    }
     if let Some(i) = slots.iter().position(|s| !is_warm(s, now, ttl)) {
         return i;
     }
@@ -616,14 +691,20 @@ mod tests {
 
     const MODEL: &str = "llama3:8b";
 
-    /// A router over `n` idle nodes that all hold MODEL resident.
+    /// A router over `n` idle nodes that all hold MODEL resident, with Ollama's default
+    /// slot choice.
     fn router(n: usize, slots: usize) -> Arc<Router> {
+        router_with(n, slots, false)
+    }
+
+    fn router_with(n: usize, slots: usize, multiuser_cache: bool) -> Arc<Router> {
         let nodes = (0..n)
             .map(|i| {
                 let mut node =
                     NodeConfig::new(&format!("n{i}"), &format!("http://127.0.0.1:{}", 1000 + i));
                 node.num_parallel = slots;
                 node.memory_gb = Some(24.0);
+                node.multiuser_cache = multiuser_cache;
                 node
             })
             .collect();
@@ -710,7 +791,7 @@ mod tests {
 
     #[test]
     fn new_conversations_avoid_displacing_warm_slots() {
-        let r = router(2, 2);
+        let r = router_with(2, 2, true);
         // Fill node 0's two slots with two conversations.
         serve(&r, &chat(&["a"]), 0);
         serve(&r, &chat(&["b"]), 0);
@@ -721,6 +802,100 @@ mod tests {
             -Weights::default().slot_displacement
         );
         assert_eq!(d.affinity_for(1), AffinityResult::New);
+    }
+
+    #[test]
+    fn by_default_a_new_conversation_takes_the_slot_of_an_idle_one_not_an_empty_slot() {
+        // Ollama without OLLAMA_MULTIUSER_CACHE: "b" shares its first tokens with "a",
+        // nothing with the empty slot, so it takes a's slot.
+        let r = router(2, 2);
+        serve(&r, &chat(&["a"]), 0);
+        let d = r.decide(&chat(&["b"])).unwrap();
+        assert_eq!(
+            d.ranked
+                .iter()
+                .find(|c| c.node.id == 0)
+                .unwrap()
+                .scores
+                .session_affinity,
+            -Weights::default().slot_displacement,
+            "node 0 has an empty slot, yet b would push a out"
+        );
+        serve(&r, &chat(&["b"]), 0);
+        let d = r.decide(&chat(&["a", "reply", "more"])).unwrap();
+        assert_eq!(d.pin, None);
+        assert_eq!(d.affinity_for(0), AffinityResult::Miss);
+        let d = r.decide(&chat(&["b", "reply", "more"])).unwrap();
+        assert_eq!(d.pin.map(|p| (p.node, p.continues)), Some((0, true)));
+
+        // With the multi-user cache, "b" takes the empty slot and both stay warm.
+        let r = router_with(2, 2, true);
+        serve(&r, &chat(&["a"]), 0);
+        let d = r.decide(&chat(&["b"])).unwrap();
+        assert_eq!(
+            d.ranked
+                .iter()
+                .find(|c| c.node.id == 0)
+                .unwrap()
+                .scores
+                .session_affinity,
+            0.0
+        );
+        serve(&r, &chat(&["b"]), 0);
+        for first in ["a", "b"] {
+            let d = r.decide(&chat(&[first, "reply", "more"])).unwrap();
+            assert_eq!(
+                d.pin.map(|p| (p.node, p.continues)),
+                Some((0, true)),
+                "{first}"
+            );
+        }
+    }
+
+    #[test]
+    fn by_default_a_busy_slot_is_not_taken_and_content_beats_emptiness() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(300);
+        let slot = |lineage, busy| Slot {
+            lineage,
+            depth: 1,
+            last_used: Some(now),
+            busy,
+        };
+        let slots = [slot(0, 0), slot(7, 1), slot(8, 0), slot(9, 0)];
+        assert_eq!(choose_slot(&slots, SlotPolicy::LongestPrefix, now, ttl), 2);
+        assert_eq!(
+            choose_slot(&slots, SlotPolicy::LeastRecentlyUsed, now, ttl),
+            0
+        );
+        let all_busy_or_empty = [slot(7, 1), slot(0, 0)];
+        assert_eq!(
+            choose_slot(&all_busy_or_empty, SlotPolicy::LongestPrefix, now, ttl),
+            1
+        );
+
+        // Displacement by default: an idle slot holding a conversation; with every slot
+        // busy, the next to free; a busy slot beside an empty one, no.
+        let state = |slots: Vec<Slot>| ModelState {
+            slots,
+            ..Default::default()
+        };
+        let displaces = |slots: Vec<Slot>, policy| {
+            let n = slots.len();
+            displaces_warm(&state(slots), n, policy, now, ttl)
+        };
+        let by_default = SlotPolicy::LongestPrefix;
+        assert!(displaces(vec![slot(0, 0), slot(8, 0)], by_default));
+        assert!(displaces(vec![slot(7, 1)], by_default));
+        assert!(!displaces(vec![slot(7, 1), slot(0, 0)], by_default));
+        assert!(!displaces(
+            vec![slot(0, 0), slot(8, 0)],
+            SlotPolicy::LeastRecentlyUsed
+        ));
+        assert!(displaces(
+            vec![slot(7, 1), slot(8, 0)],
+            SlotPolicy::LeastRecentlyUsed
+        ));
     }
 
     #[test]

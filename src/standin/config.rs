@@ -60,6 +60,9 @@ pub struct StandinConfig {
     pub reply_tokens: u32,
     /// Idle time after which a resident model unloads, unless a request sets `keep_alive`.
     pub keep_alive: Duration,
+    /// `OLLAMA_MULTIUSER_CACHE`: how a prompt that continues no slot picks one (see
+    /// `slots::choose_slot`). Off, as in Ollama.
+    pub multiuser_cache: bool,
 }
 
 impl StandinConfig {
@@ -77,6 +80,7 @@ impl StandinConfig {
             decode_per_token: Duration::from_millis(2),
             reply_tokens: 8,
             keep_alive: Duration::from_secs(5 * 60),
+            multiuser_cache: false,
         }
     }
 
@@ -170,6 +174,7 @@ fn demo_node(
         decode_per_token: Duration::from_millis(timing[2]),
         reply_tokens: 24,
         keep_alive: Duration::from_secs(5 * 60),
+        multiuser_cache: false,
     }
 }
 

@@ -97,6 +97,11 @@ impl StandinNode {
         &self.node.cfg.name
     }
 
+    /// What the node was started with.
+    pub fn config(&self) -> &StandinConfig {
+        &self.node.cfg
+    }
+
     /// Applies `fault` to every request that arrives from now on.
     pub fn set_fault(&self, fault: Fault) {
         self.node.set_fault(fault);

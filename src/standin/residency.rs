@@ -310,7 +310,10 @@ impl Residency {
             users: 0,
             last_used: Instant::now(),
             keep_alive,
-            slots: Arc::new(SlotTable::new(self.cfg.num_parallel)),
+            slots: Arc::new(SlotTable::new(
+                self.cfg.num_parallel,
+                self.cfg.multiuser_cache,
+            )),
             instance: *next,
         }
     }

@@ -22,22 +22,27 @@ pub struct Slot {
     pub last_used: u64,
 }
 
-/// The slot a request should take and the whole tokens it shares with that slot.
+/// The slot a request should take and the whole tokens it shares with that slot. `None`
+/// when every slot is busy.
 ///
-/// Among free slots, the longest common prefix wins (the earliest slot on ties); when no
-/// free slot shares a token, the least recently used free slot is taken. `None` when every
-/// slot is busy.
-pub fn choose_slot(slots: &[Slot], prompt: &[u8]) -> Option<(usize, u32)> {
+/// Ollama's default: among free slots, the longest common prefix wins (the earliest slot
+/// on ties); when no free slot shares a token, the least recently used free slot is taken.
+/// With `multiuser_cache` (`OLLAMA_MULTIUSER_CACHE`): a free slot whose whole content the
+/// prompt continues, else the least recently used free slot, into which the longest shared
+/// prefix is copied.
+pub fn choose_slot(slots: &[Slot], prompt: &[u8], multiuser_cache: bool) -> Option<(usize, u32)> {
     let free = || slots.iter().enumerate().filter(|(_, s)| !s.busy);
     let best = free()
         .map(|(i, s)| (i, common_prefix_tokens(&s.text, prompt)))
         .max_by_key(|&(i, common)| (common, std::cmp::Reverse(i)))?;
-    if best.1 > 0 {
+    let continues = |i: usize| !slots[i].text.is_empty() && prompt.starts_with(&slots[i].text);
+    if best.1 > 0 && (!multiuser_cache || continues(best.0)) {
         return Some(best);
     }
+    let copied = if multiuser_cache { best.1 } else { 0 };
     free()
         .min_by_key(|&(i, s)| (s.last_used, i))
-        .map(|(i, _)| (i, 0))
+        .map(|(i, _)| (i, copied))
 }
 
 /// Prompt tokens a request can skip: the shared prefix, except that at least one token is
@@ -54,15 +59,17 @@ pub struct SlotTable {
     permits: Arc<Semaphore>,
     slots: Mutex<Vec<Slot>>,
     clock: AtomicU64,
+    multiuser_cache: bool,
 }
 
 impl SlotTable {
-    pub fn new(num_parallel: usize) -> Self {
+    pub fn new(num_parallel: usize, multiuser_cache: bool) -> Self {
         let n = num_parallel.max(1);
         SlotTable {
             permits: Arc::new(Semaphore::new(n)),
             slots: Mutex::new(vec![Slot::default(); n]),
             clock: AtomicU64::new(0),
+            multiuser_cache,
         }
     }
 
@@ -72,7 +79,7 @@ impl SlotTable {
         // The semaphore is never closed; without a permit the slot search still works.
         let permit = Arc::clone(&self.permits).acquire_owned().await.ok();
         let mut slots = self.slots.lock();
-        let (index, common) = choose_slot(&slots, prompt).unwrap_or((0, 0));
+        let (index, common) = choose_slot(&slots, prompt, self.multiuser_cache).unwrap_or((0, 0));
         let slot = &mut slots[index];
         slot.busy = true;
         slot.last_used = self.tick();
@@ -151,13 +158,16 @@ mod tests {
             slot("aaaabbbbcccc", false, 2),
             slot("zzzz", false, 0),
         ];
-        assert_eq!(choose_slot(&slots, b"aaaabbbbccccdddd"), Some((1, 3)));
+        assert_eq!(
+            choose_slot(&slots, b"aaaabbbbccccdddd", false),
+            Some((1, 3))
+        );
     }
 
     #[test]
     fn busy_slots_are_skipped_even_with_the_best_prefix() {
         let slots = [slot("aaaabbbb", true, 1), slot("aaaa", false, 2)];
-        assert_eq!(choose_slot(&slots, b"aaaabbbb"), Some((1, 1)));
+        assert_eq!(choose_slot(&slots, b"aaaabbbb", false), Some((1, 1)));
     }
 
     #[test]
@@ -167,19 +177,36 @@ mod tests {
             slot("yyyy", true, 1),
             slot("zzzz", false, 3),
         ];
-        assert_eq!(choose_slot(&slots, b"aaaa"), Some((2, 0)));
+        assert_eq!(choose_slot(&slots, b"aaaa", false), Some((2, 0)));
     }
 
     #[test]
     fn a_partial_token_is_no_prefix() {
         let slots = [slot("aab", false, 5), slot("", false, 1)];
-        assert_eq!(choose_slot(&slots, b"aabbcc"), Some((1, 0)));
+        assert_eq!(choose_slot(&slots, b"aabbcc", false), Some((1, 0)));
+    }
+
+    #[test]
+    fn the_multiuser_cache_continues_whole_slots_and_otherwise_takes_the_oldest() {
+        let slots = [
+            slot("<|u|>aaaa", false, 5),
+            slot("", false, 0),
+            slot("<|u|>bbbb", false, 3),
+        ];
+        // A new conversation shares "<|u|>" (1 whole token) with two slots: Ollama's
+        // default overwrites the first of them, the multi-user cache takes the empty
+        // slot and copies the shared token there.
+        assert_eq!(choose_slot(&slots, b"<|u|>cccc", false), Some((0, 1)));
+        assert_eq!(choose_slot(&slots, b"<|u|>cccc", true), Some((1, 1)));
+        // A continuation keeps its slot under both (9 shared bytes: 2 whole tokens).
+        assert_eq!(choose_slot(&slots, b"<|u|>bbbbREPLY", true), Some((2, 2)));
+        assert_eq!(choose_slot(&slots, b"<|u|>bbbbREPLY", false), Some((2, 2)));
     }
 
     #[test]
     fn all_busy_means_no_slot() {
         let slots = [slot("a", true, 0), slot("b", true, 0)];
-        assert_eq!(choose_slot(&slots, b"a"), None);
+        assert_eq!(choose_slot(&slots, b"a", false), None);
     }
 
     #[test]
@@ -192,7 +219,7 @@ mod tests {
 
     #[tokio::test]
     async fn leases_hold_the_prompt_and_release_the_slot() {
-        let table = Arc::new(SlotTable::new(2));
+        let table = Arc::new(SlotTable::new(2, false));
         let lease = table.acquire(b"aaaabbbb").await;
         assert_eq!((lease.index(), lease.cached_tokens()), (0, 0));
         lease.finish(b"aaaabbbbREPLY".to_vec());
@@ -207,7 +234,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_table_queues_until_a_slot_frees() {
-        let table = Arc::new(SlotTable::new(1));
+        let table = Arc::new(SlotTable::new(1, false));
         let first = table.acquire(b"aaaa").await;
         let waiter = {
             let table = Arc::clone(&table);

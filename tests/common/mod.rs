@@ -25,6 +25,7 @@ pub struct NodeSpec {
     pub memory_gb: Option<f64>,
     pub num_parallel: usize,
     pub roles: Vec<String>,
+    pub multiuser_cache: bool,
 }
 
 impl NodeSpec {
@@ -35,6 +36,7 @@ impl NodeSpec {
             memory_gb: None,
             num_parallel,
             roles: Vec::new(),
+            multiuser_cache: node.config().multiuser_cache,
         }
     }
 
@@ -79,6 +81,9 @@ pub fn config_yaml(port: u16, nodes: &[NodeSpec], extra_yaml: &str) -> String {
         ));
         if let Some(gb) = n.memory_gb {
             yaml.push_str(&format!("    memory_gb: {gb}\n"));
+        }
+        if n.multiuser_cache {
+            yaml.push_str("    multiuser_cache: true\n");
         }
         if !n.roles.is_empty() {
             yaml.push_str(&format!("    roles: [{}]\n", n.roles.join(", ")));
@@ -372,6 +377,7 @@ impl EchoNode {
             memory_gb: None,
             num_parallel: 2,
             roles: Vec::new(),
+            multiuser_cache: false,
         }
     }
 }
