@@ -754,6 +754,11 @@ mod tests {
         });
     }
 
+    fn affinity_score(d: &Decision, node: u16) -> f64 {
+        let candidate = d.ranked.iter().find(|c| c.node.id == node).unwrap();
+        candidate.scores.session_affinity
+    }
+
     fn total_of(d: &Decision, node: usize) -> f64 {
         d.ranked
             .iter()
@@ -812,12 +817,7 @@ mod tests {
         serve(&r, &chat(&["a"]), 0);
         let d = r.decide(&chat(&["b"])).unwrap();
         assert_eq!(
-            d.ranked
-                .iter()
-                .find(|c| c.node.id == 0)
-                .unwrap()
-                .scores
-                .session_affinity,
+            affinity_score(&d, 0),
             -Weights::default().slot_displacement,
             "node 0 has an empty slot, yet b would push a out"
         );
@@ -832,15 +832,7 @@ mod tests {
         let r = router_with(2, 2, true);
         serve(&r, &chat(&["a"]), 0);
         let d = r.decide(&chat(&["b"])).unwrap();
-        assert_eq!(
-            d.ranked
-                .iter()
-                .find(|c| c.node.id == 0)
-                .unwrap()
-                .scores
-                .session_affinity,
-            0.0
-        );
+        assert_eq!(affinity_score(&d, 0), 0.0);
         serve(&r, &chat(&["b"]), 0);
         for first in ["a", "b"] {
             let d = r.decide(&chat(&[first, "reply", "more"])).unwrap();
