@@ -37,6 +37,46 @@ def chat(messages, explain=False):
     return post(f"{URL}/api/chat", body, {"X-Fleet-Explain": "1"} if explain else None)
 
 
+def interleaved(n):
+    """n conversations, more than one node has slots for, their turns interleaved. A
+    follow-up that corral calls a hit must find its prefix in the node's cache; one it
+    calls a miss may still find it there, when the node keeps more than its slots (a
+    llama.cpp server keeps recent prompts in host memory), which the summary counts."""
+    failures = 0
+    agreed = warmer = 0
+    chats = []
+    for i in range(n):
+        system = f"You are assistant number {i}. " + " ".join(
+            f"Note {j} for assistant {i}: keep answers short." for j in range(40)
+        )
+        chats.append([{"role": "system", "content": system}, {"role": "user", "content": "Hi!"}])
+    for turn in range(3):
+        for i, messages in enumerate(chats):
+            reply, headers, secs = chat(messages)
+            affinity = headers.get("X-Fleet-Affinity")
+            cached = reply.get("prompt_eval_count", 10**9) <= 64
+            print(
+                f"conversation {i} turn {turn}: node={headers.get('X-Fleet-Node')} "
+                f"affinity={affinity} prompt_eval_count={reply.get('prompt_eval_count')} "
+                f"time={secs:.2f}s"
+            )
+            if turn > 0:
+                if affinity == "hit" and not cached:
+                    print("  FAIL: corral called it a hit, and the node paid a full prefill")
+                    failures += 1
+                elif (affinity == "hit") == cached:
+                    agreed += 1
+                else:
+                    warmer += 1
+            messages.append(reply["message"])
+            messages.append({"role": "user", "content": f"And then? ({turn})"})
+    print(
+        f"interleaved: X-Fleet-Affinity agreed with the node's cache on {agreed} of "
+        f"{2 * n} follow-ups; {warmer} were warmer than corral's model of the node's slots"
+    )
+    return failures
+
+
 def main():
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello, who are you?"}]
     failures = 0
@@ -61,6 +101,7 @@ def main():
                 failures += 1
         messages.append(reply["message"])
         messages.append({"role": "user", "content": f"Tell me more, part {turn + 1}."})
+    failures += interleaved(3)
     tags = json.loads(urllib.request.urlopen(f"{URL}/api/tags", timeout=10).read())
     ps = json.loads(urllib.request.urlopen(f"{URL}/api/ps", timeout=10).read())
     print("tags:", [m["name"] for m in tags["models"]], "ps:", [m["name"] for m in ps["models"]])
