@@ -411,6 +411,8 @@ async fn request_heads_past_their_limits_get_json_errors_and_harm_no_one() {
     );
     let bad_line = b"GET /api/tags?q=a b HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
     json_error(&exchange(addr, vec![(bad_line, now)]).await, "400");
+    let connect = b"CONNECT 10.0.0.1:22 HTTP/1.1\r\nHost: 10.0.0.1:22\r\n\r\n".to_vec();
+    json_error(&exchange(addr, vec![(connect, now)]).await, "405");
 
     // Framing that could smuggle a request is still Pingora's to judge: its plain 400
     // (docs/robustness.md), and the connection closes.

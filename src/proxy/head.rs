@@ -264,6 +264,10 @@ fn parse(buf: &[u8], max_bytes: usize) -> Parsed {
         Ok(httparse::Status::Complete(len)) if len > max_bytes => {
             Parsed::Invalid(431, too_large(max_bytes))
         }
+        // Pingora refuses CONNECT with its own empty 405; Ollama has no use for it either.
+        Ok(httparse::Status::Complete(_)) if request.method == Some("CONNECT") => {
+            Parsed::Invalid(405, "CONNECT is not supported".into())
+        }
         Ok(httparse::Status::Complete(_)) => Parsed::Complete,
         Ok(httparse::Status::Partial) => Parsed::Partial,
         Err(httparse::Error::TooManyHeaders) => Parsed::Invalid(
@@ -314,6 +318,12 @@ mod tests {
             parse(b"GET / HTTP/1.1\nHost: x\n\n", 1024),
             Parsed::Complete
         );
+    }
+
+    #[test]
+    fn connect_is_refused_with_405() {
+        let head = b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n";
+        assert!(matches!(parse(head, 1024), Parsed::Invalid(405, _)));
     }
 
     #[test]
