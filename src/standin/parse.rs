@@ -47,11 +47,13 @@ pub fn keep_alive(value: Option<&Value>) -> Result<Option<KeepAlive>, StandinErr
         Some(Value::String(s)) => go_duration_seconds(s.trim()),
         Some(_) => None,
     };
-    let seconds = seconds.ok_or_else(|| StandinError::bad_request("invalid keep_alive"))?;
+    let invalid = || StandinError::bad_request("invalid keep_alive");
+    let seconds = seconds.ok_or_else(invalid)?;
     Ok(Some(if seconds < 0.0 {
         KeepAlive::Forever
     } else {
-        KeepAlive::For(Duration::from_secs_f64(seconds))
+        // NaN, infinity and durations past u64 seconds are refused, not panicked on.
+        KeepAlive::For(Duration::try_from_secs_f64(seconds).map_err(|_| invalid())?)
     }))
 }
 
@@ -112,6 +114,19 @@ mod tests {
         assert_eq!(ka(json!("-1m")), Some(KeepAlive::Forever));
         assert!(keep_alive(Some(&json!("soon"))).is_err());
         assert_eq!(keep_alive(None).ok().flatten(), None);
+    }
+
+    #[test]
+    fn keep_alive_out_of_range_is_a_bad_request_not_a_panic() {
+        for v in [json!("inf"), json!("NaN"), json!(1e30)] {
+            assert!(keep_alive(Some(&v)).is_err(), "{v}");
+        }
+        // Within Duration's range but past the clock's: never expires.
+        let r = ka(json!(1e19));
+        let Some(KeepAlive::For(d)) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(std::time::Instant::now().checked_add(d), None);
     }
 
     #[test]

@@ -47,7 +47,8 @@ impl Resident {
     /// When the model unloads if nobody uses it again; `None` means never.
     pub fn expires_at(&self) -> Option<Instant> {
         match self.keep_alive {
-            KeepAlive::For(d) => Some(self.last_used + d),
+            // A keep-alive too long for the clock is forever.
+            KeepAlive::For(d) => self.last_used.checked_add(d),
             KeepAlive::Forever => None,
         }
     }
