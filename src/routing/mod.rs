@@ -6,6 +6,7 @@ mod affinity;
 pub mod score;
 pub mod signals;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -447,10 +448,28 @@ pub struct WaitTicket {
 
 impl Drop for WaitTicket {
     fn drop(&mut self) {
-        if let Some(state) = self.node.models.lock().get_mut(&self.model) {
+        let mut models = self.node.models.lock();
+        if let Some(state) = models.get_mut(&self.model) {
             state.waiting = state.waiting.saturating_sub(1);
         }
+        forget_if_unused(&mut models, &self.model);
+        drop(models);
         self.router.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Drops a model's state on a node once nothing runs or waits there and nothing was learned:
+/// a client can name any model, and a node not polled yet is tried for all of them, so
+/// without this every invented name would stay in memory and in the metrics' labels.
+fn forget_if_unused(models: &mut HashMap<String, ModelState>, model: &str) {
+    let unused = models.get(model).is_some_and(|s| {
+        s.in_flight == 0
+            && s.waiting == 0
+            && s.last_success.is_none()
+            && s.slots.iter().all(|slot| slot.lineage == 0)
+    });
+    if unused {
+        models.remove(model);
     }
 }
 
@@ -511,6 +530,7 @@ impl Drop for Dispatch {
                     slot.last_used = Some(Instant::now());
                 }
             }
+            forget_if_unused(&mut models, &self.model);
         }
         self.router.slot_freed.notify_waiters();
     }
@@ -891,6 +911,25 @@ mod tests {
     }
 
     #[test]
+    fn a_model_that_nothing_used_leaves_no_state_behind() {
+        let r = router(1, 2);
+        let node = r.fleet.nodes()[0].clone();
+        let invented = chat(&["x"]);
+        let invented = Profile {
+            model_key: "invented:1b".into(),
+            ..invented
+        };
+        drop(r.wait_ticket(&node, &invented.model_key, 8));
+        let mut failed = r.try_dispatch(&node, &invented).unwrap();
+        failed.finish(Outcome::default());
+        drop(failed);
+        assert!(!node.models.lock().contains_key("invented:1b"));
+        // What a served model taught is kept.
+        serve(&r, &chat(&["a"]), 0);
+        assert!(node.models.lock().contains_key(MODEL));
+    }
+
+    #[test]
     fn displaced_conversation_is_no_longer_pinned() {
         let r = router(1, 1);
         serve(&r, &chat(&["a"]), 0);
@@ -930,7 +969,8 @@ mod tests {
             let _d = r.try_dispatch(&r.fleet.nodes()[0], &p).unwrap();
             assert_eq!(r.fleet.nodes()[0].models.lock()[MODEL].in_flight, 1);
         }
-        assert_eq!(r.fleet.nodes()[0].models.lock()[MODEL].in_flight, 0);
+        let models = r.fleet.nodes()[0].models.lock().clone();
+        assert_eq!(models.get(MODEL).map_or(0, |s| s.in_flight), 0);
     }
 
     #[test]
