@@ -212,7 +212,20 @@ async fn a_waiting_request_goes_to_whichever_node_frees_first() {
     let short_node = header(&short, "x-fleet-node");
     assert_ne!(header(&long, "x-fleet-node"), short_node, "one each");
 
-    let resp = post_chat(&router, &chat_body(&["queued".into()], false)).await;
+    let url = router.url();
+    let send = |text: &str, timeout: Duration| {
+        let request = client()
+            .post(format!("{url}/api/chat"))
+            .timeout(timeout)
+            .json(&chat_body(&[text.into()], false));
+        tokio::spawn(request.send())
+    };
+    let queued = send("queued", Duration::from_secs(30));
+    eventually("the request waits in corral", async || {
+        waiting(admin_port).await == 1
+    })
+    .await;
+    let resp = queued.await.unwrap().unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(
         header(&resp, "x-fleet-node"),
@@ -222,27 +235,17 @@ async fn a_waiting_request_goes_to_whichever_node_frees_first() {
 
     // A client that leaves while queued leaves the queue.
     let _again = hold(&router, "short again", 200).await;
-    let url = router.url();
-    let gone = tokio::spawn(async move {
-        let _ = client()
-            .post(format!("{url}/api/chat"))
-            .timeout(Duration::from_millis(300))
-            .json(&chat_body(&["impatient".into()], false))
-            .send()
-            .await;
-    });
-    gone.await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if waiting(admin_port).await == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the queue kept a client that left"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let impatient = send("impatient", Duration::from_millis(1500));
+    eventually("the impatient request waits", async || {
+        waiting(admin_port).await == 1
+    })
+    .await;
+    let gave_up = impatient.await.unwrap().unwrap_err();
+    assert!(gave_up.is_timeout(), "{gave_up}");
+    eventually("the queue lets go of a client that left", async || {
+        waiting(admin_port).await == 0
+    })
+    .await;
     drop(long);
 }
 
@@ -478,25 +481,20 @@ async fn client_api_keys_guard_the_proxy() {
     let router = Router::start(vec![NodeSpec::of(&node, 2)], "api_keys: [k-one, k-two]\n").await;
     let url = format!("{}/api/chat", router.url());
     let body = chat_body(&["hi".into()], false);
-    let resp = client().post(&url).json(&body).send().await.unwrap();
+    let send = async |key: Option<&str>| {
+        let mut request = client().post(&url).json(&body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        request.send().await.unwrap()
+    };
+    let resp = send(None).await;
     assert_eq!(resp.status(), 401);
     assert_eq!(header(&resp, "www-authenticate"), "Bearer");
-    let resp = client()
-        .post(&url)
-        .bearer_auth("wrong")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 401);
-    let resp = client()
-        .post(&url)
-        .bearer_auth("k-two")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(send(Some("wrong")).await.status(), 401);
+    for key in ["k-one", "k-two"] {
+        assert_eq!(send(Some(key)).await.status(), 200, "{key}");
+    }
     let tags = client()
         .get(format!("{}/api/tags", router.url()))
         .send()
@@ -546,18 +544,22 @@ async fn management_calls_need_the_token_and_a_named_node() {
 
 #[tokio::test]
 async fn ndjson_stream_is_read_chunk_by_chunk_by_a_slow_reader_without_loss() {
-    let node = start(slow("n", 2)).await;
+    // The node writes its tokens as fast as it can; the client reads far slower, so the
+    // reply backs up through corral.
+    let node = start(slow("n", 0)).await;
     let router = Router::start(vec![NodeSpec::of(&node, 2)], "").await;
     let resp = hold(&router, "many tokens", 300).await;
     let mut stream = resp.bytes_stream();
     let mut text = Vec::new();
     while let Some(chunk) = stream.next().await {
         text.extend_from_slice(&chunk.unwrap());
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let lines: Vec<&[u8]> = text
+    let lines: Vec<serde_json::Value> = text
         .split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("every line whole"))
         .collect();
     assert_eq!(lines.len(), 301);
+    assert_eq!(lines[300]["done"], true);
 }

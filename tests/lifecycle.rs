@@ -3,7 +3,7 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -28,14 +28,6 @@ async fn model_names(router: &Router) -> Vec<String> {
         .collect()
 }
 
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn node_with_qwen(name: &str) -> corral::standin::StandinConfig {
     let mut c = fast_node(name);
     c.models.push(model("qwen2.5:14b", 9.0));
@@ -57,7 +49,8 @@ async fn sighup_adds_and_removes_nodes_without_dropping_streams() {
             .contains(&"phi3:mini".to_string())
     );
 
-    let stream = hold(&router, "a long answer across the reload", 60).await;
+    // 200 tokens at 20 ms: still streaming through both reloads below.
+    let stream = hold(&router, "a long answer across the reload", 200).await;
     router.rewrite_config(&[NodeSpec::of(&a, 4), NodeSpec::of(&b, 4)], "");
     router.signal("HUP");
     eventually("b's models are listed", async || {
@@ -103,6 +96,16 @@ async fn an_invalid_config_is_rejected_and_the_old_one_stays() {
     for i in 0..3 {
         assert_eq!(chat(&router, &[format!("still {i}")]).await.0, "a");
     }
+    // The process still reloads a valid file afterwards.
+    let b = start(node_with_qwen("b")).await;
+    router.rewrite_config(&[NodeSpec::of(&a, 2), NodeSpec::of(&b, 2)], "");
+    router.signal("HUP");
+    eventually("b's models are listed", async || {
+        model_names(&router)
+            .await
+            .contains(&"qwen2.5:14b".to_string())
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -232,6 +232,15 @@ pub fn client() -> reqwest::Client {
 }
 
 /// A chat body: alternating user/assistant turns.
+/// Waits up to 10 s for `check` to hold, checking every 50 ms.
+pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A GET whose reply is JSON.
 pub async fn get_json(url: &str) -> serde_json::Value {
     client()
