@@ -51,7 +51,6 @@ fn entry(i: u64) -> Entry {
     Entry {
         node: (i % 16) as u16,
         lineage: i,
-        depth: 3,
     }
 }
 

@@ -114,8 +114,8 @@ impl Fleet {
         self.nodes.load().iter().find(|n| n.id == id).cloned()
     }
 
-    /// Resolved, passing Pingora's health checks, and not cut off by its circuit breaker. Nodes start
-    /// healthy until a check fails.
+    /// Resolved and passing Pingora's health checks (the circuit breaker is the router's to
+    /// read). Nodes start healthy until a check fails.
     pub fn is_healthy(&self, node: &Node) -> bool {
         node.resolved()
             .is_some_and(|r| self.health.backends().ready(&r.backend))

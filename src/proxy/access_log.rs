@@ -16,7 +16,7 @@ pub struct AccessLog {
 }
 
 /// The fields of one access-log line.
-#[derive(Serialize)]
+#[derive(Default, Serialize)]
 pub struct Entry<'a> {
     pub time: String,
     pub client: Option<String>,
@@ -32,6 +32,11 @@ pub struct Entry<'a> {
     pub bytes: usize,
     pub ttfb_ms: Option<f64>,
     pub duration_ms: f64,
+}
+
+/// The `time` of an entry written now.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 impl AccessLog {

@@ -510,7 +510,6 @@ impl Forwarder {
             prefill_tps: stats.as_ref().and_then(ReplyStats::prefill_tps),
             decode_tps: stats.as_ref().and_then(ReplyStats::decode_tps),
         });
-        ctx.stats = stats;
         if upstream.is_body_done() {
             upstream.respect_keepalive();
             if let Some(stream) = upstream.reuse().await {

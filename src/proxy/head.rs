@@ -94,20 +94,13 @@ impl ClientConnections {
                 .get_socket_digest()
                 .and_then(|d| d.peer_addr().map(|a| a.to_string()));
             self.access_log.write(&access_log::Entry {
-                time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+                time: access_log::now(),
                 client,
                 method: &method,
                 endpoint: &target,
-                model: None,
-                node: None,
-                score: None,
-                affinity: None,
-                cold_load: false,
-                retries: 0,
                 status: refusal.status,
-                bytes: 0,
-                ttfb_ms: None,
                 duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                ..Default::default()
             });
         }
     }

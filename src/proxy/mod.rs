@@ -50,7 +50,6 @@ pub struct RequestCtx {
     pub started: Option<Instant>,
     /// The path label of the request: a routed endpoint, a fleet endpoint, or `other`.
     pub route: &'static str,
-    pub endpoint: Option<Endpoint>,
     pub model: Option<String>,
     /// The model's metrics label, once a node answered (see `metrics::model_label`).
     pub model_label: Option<String>,
@@ -67,7 +66,6 @@ pub struct RequestCtx {
     pub client_gone: bool,
     /// The node broke off its reply after it had begun.
     pub broken: bool,
-    pub stats: Option<ReplyStats>,
 }
 
 impl Corral {
@@ -146,7 +144,6 @@ impl Corral {
         ctx: &mut RequestCtx,
         config: &Config,
     ) -> Result<()> {
-        ctx.endpoint = Some(Endpoint::Manage);
         let path = session.req_header().uri.path().to_string();
         if !config.management.enabled {
             ctx.status = 403;
@@ -228,7 +225,6 @@ impl Corral {
         ctx: &mut RequestCtx,
         endpoint: Endpoint,
     ) -> Result<()> {
-        ctx.endpoint = Some(endpoint);
         let config = self.router.config();
         let limit = config.limits.max_body_bytes;
         let body = match body::read(session, limit, config.timeouts.body_read).await {
@@ -347,7 +343,7 @@ impl ProxyHttp for Corral {
         if self.access_log.enabled() {
             let req = session.req_header();
             self.access_log.write(&access_log::Entry {
-                time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+                time: access_log::now(),
                 client: session.client_addr().map(|a| a.to_string()),
                 method: req.method.as_str(),
                 endpoint: req.uri.path(),

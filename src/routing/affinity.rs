@@ -21,8 +21,6 @@ pub struct Entry {
     pub node: u16,
     /// The slot lineage (one conversation's run of turns in one slot) holding the prefix.
     pub lineage: u64,
-    /// Boundaries (messages or prompt blocks) in the prefix.
-    pub depth: u32,
 }
 
 #[derive(Clone, Copy)]
@@ -100,11 +98,7 @@ mod tests {
     use super::*;
 
     fn e(node: u16) -> Entry {
-        Entry {
-            node,
-            lineage: 1,
-            depth: 1,
-        }
+        Entry { node, lineage: 1 }
     }
 
     #[test]

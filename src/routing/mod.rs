@@ -399,15 +399,13 @@ impl Router {
             let entry = Entry {
                 node: node.id,
                 lineage,
-                depth: depth as u32,
             };
             self.affinity.insert(p.chain.last(), entry);
             dispatch.remembered.push(p.chain.last());
             // The first boundary too: conversations that share it (a system prompt, a
             // document) find the node that holds it.
             if depth > 1 {
-                self.affinity
-                    .insert(p.chain.hashes[1], Entry { depth: 1, ..entry });
+                self.affinity.insert(p.chain.hashes[1], entry);
                 dispatch.remembered.push(p.chain.hashes[1]);
             }
         }
