@@ -257,6 +257,21 @@ async fn per_client_limit_answers_429() {
     let resp = post_chat(&router, &chat_body(&["also mine".into()], false)).await;
     assert_eq!(resp.status(), 429);
     assert!(!header(&resp, "retry-after").is_empty());
+    // The answer comes before the body is read: here the body never comes at all, and
+    // the reply arrives anyway, well before `timeouts.body_read` (60 s).
+    let addr = router.addr;
+    let reply = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            .unwrap();
+        let mut reply = [0u8; 64];
+        let n = s.read(&mut reply).unwrap_or(0);
+        String::from_utf8_lossy(&reply[..n]).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 429"), "{reply}");
     drop(held);
 }
 

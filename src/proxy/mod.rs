@@ -226,6 +226,19 @@ impl Corral {
         endpoint: Endpoint,
     ) -> Result<()> {
         let config = self.router.config();
+        // Before the body is read: a client at its limit costs no more than this answer.
+        let _client_slot = match self.client_slot(session, &config) {
+            Ok(slot) => slot,
+            Err(limit) => {
+                // The body is left unread: the connection cannot be reused.
+                session.set_keepalive(None);
+                ctx.status = 429;
+                let message =
+                    format!("this client already has {limit} requests in flight or waiting");
+                return respond::error(session, 429, &message, &[("Retry-After", "1".into())])
+                    .await;
+            }
+        };
         let limit = config.limits.max_body_bytes;
         let body = match body::read(session, limit, config.timeouts.body_read).await {
             Ok(body) => body,
@@ -244,16 +257,6 @@ impl Corral {
             }
         };
         ctx.model = Some(profile.model_key.clone());
-        let _client_slot = match self.client_slot(session, &config) {
-            Ok(slot) => slot,
-            Err(limit) => {
-                ctx.status = 429;
-                let message =
-                    format!("this client already has {limit} requests in flight or waiting");
-                return respond::error(session, 429, &message, &[("Retry-After", "1".into())])
-                    .await;
-            }
-        };
         self.forwarder
             .forward(&self.router, session, ctx, &body, &profile)
             .await
