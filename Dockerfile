@@ -22,11 +22,13 @@ WORKDIR /src
 # The whole workspace (less .dockerignore): Cargo checks every target the manifest declares,
 # benches included, even when it builds one binary.
 COPY . .
+# --no-default-features: the router alone, without the demo's simulated nodes (the `demo`
+# feature) and corral-bench's plotting stack (`bench`); scripts/check-lean.sh checks that.
 # The caches keep the registry and target/ between builds (BuildKit); the binary is copied
 # out of the cached target/ in the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin corral \
+    cargo build --release --locked --no-default-features --bin corral \
     && install -m 0755 target/release/corral /usr/local/bin/corral
 
 # --- run ---------------------------------------------------------------------------------

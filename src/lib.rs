@@ -4,7 +4,8 @@
 //! and profiles a client's body, [`fleet`] holds what background tasks learned about every
 //! node, [`routing`] scores the nodes and remembers where conversations are warm, and
 //! [`proxy`] forwards the body and streams the reply back. [`standin`] is a simulated Ollama
-//! node used by the demo, the tests and the benchmarks.
+//! node used by the demo, the tests and the benchmarks; it is compiled only with the `demo`
+//! feature (on by default, off in the release image).
 
 pub mod admin;
 pub mod config;
@@ -15,4 +16,5 @@ pub mod reload;
 pub mod request;
 pub mod routing;
 pub mod server;
+#[cfg(feature = "demo")]
 pub mod standin;

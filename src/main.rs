@@ -6,8 +6,9 @@ use std::path::Path;
 use clap::{Parser, Subcommand};
 use pingora_core::server::configuration::Opt;
 
-use corral::config::{Config, NodeConfig};
-use corral::standin;
+use corral::config::Config;
+#[cfg(feature = "demo")]
+use corral::{config::NodeConfig, standin};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run in front of a built-in fleet of three simulated Ollama nodes.
+    #[cfg(feature = "demo")]
     Demo {
         /// Where the router listens.
         #[arg(long, default_value = "127.0.0.1:11435")]
@@ -44,26 +46,25 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<(), String> {
-    let mut config = match &cli.pingora.conf {
+    let config = match &cli.pingora.conf {
         Some(path) => Config::load(Path::new(path))?,
         None => Config::default(),
     };
-    match cli.command {
-        Some(Command::Demo { listen }) => {
-            config.listen = listen;
-            config.nodes = start_demo_fleet()?;
-            // The demo shows scoring from the first request: poll and check often.
-            config.poll.interval = std::time::Duration::from_millis(500);
-            config.health.interval = std::time::Duration::from_secs(1);
-            print_demo_banner(&config);
-        }
+    let config = match cli.command {
+        #[cfg(feature = "demo")]
+        Some(Command::Demo { listen }) => demo_config(config, listen)?,
         None if config.nodes.is_empty() => {
-            return Err(
-                "no nodes configured: pass -c conf/corral.yaml (see conf/corral.yaml), or try `corral demo`".into(),
-            );
+            return Err(format!(
+                "no nodes configured: pass -c conf/corral.yaml (see conf/corral.yaml){}",
+                if cfg!(feature = "demo") {
+                    ", or try `corral demo`"
+                } else {
+                    ""
+                }
+            ));
         }
-        None => {}
-    }
+        None => config,
+    };
     config.validate()?;
     if cli.pingora.test {
         println!(
@@ -75,7 +76,20 @@ fn run(cli: Cli) -> Result<(), String> {
     server.run_forever()
 }
 
+/// The configuration with the built-in simulated fleet as its nodes.
+#[cfg(feature = "demo")]
+fn demo_config(mut config: Config, listen: String) -> Result<Config, String> {
+    config.listen = listen;
+    config.nodes = start_demo_fleet()?;
+    // The demo shows scoring from the first request: poll and check often.
+    config.poll.interval = std::time::Duration::from_millis(500);
+    config.health.interval = std::time::Duration::from_secs(1);
+    print_demo_banner(&config);
+    Ok(config)
+}
+
 /// Starts the simulated nodes on a runtime of their own, on free loopback ports.
+#[cfg(feature = "demo")]
 fn start_demo_fleet() -> Result<Vec<NodeConfig>, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -118,6 +132,7 @@ fn start_demo_fleet() -> Result<Vec<NodeConfig>, String> {
     rx.recv().map_err(|e| e.to_string())?
 }
 
+#[cfg(feature = "demo")]
 fn print_demo_banner(config: &Config) {
     println!(
         "corral demo: a simulated fleet of {} nodes",
