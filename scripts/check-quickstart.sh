@@ -5,14 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Build first, so that the wait below times the start, not the compiler.
+cargo build --locked -q --bin corral
 LOG=$(mktemp /tmp/corral-quickstart.XXXXXX)
 cargo run --locked -q -- demo >"$LOG" 2>&1 &
 DEMO=$!
 trap 'kill $DEMO 2>/dev/null || true; wait $DEMO 2>/dev/null || true; rm -f "$LOG"' EXIT
 
+ready=0
 for _ in $(seq 1 300); do
     if grep -q "router on http://127.0.0.1:11435" "$LOG" &&
         (exec 3<>/dev/tcp/127.0.0.1/11435) 2>/dev/null; then
+        ready=1
         break
     fi
     if ! kill -0 $DEMO 2>/dev/null; then
@@ -22,6 +26,11 @@ for _ in $(seq 1 300); do
     fi
     sleep 0.2
 done
+if [ "$ready" -ne 1 ]; then
+    echo "check-quickstart: the demo was not listening on 127.0.0.1:11435 after 60 s:" >&2
+    cat "$LOG" >&2
+    exit 1
+fi
 
 # The README's first request, through bash's /dev/tcp so that no client tool is needed.
 BODY='{"model":"llama3:8b","messages":[{"role":"user","content":"Hello"}],"stream":false}'
