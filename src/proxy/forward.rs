@@ -17,28 +17,13 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 
 use super::RequestCtx;
+use super::headers;
 use super::reply::{ReplyStats, Tail};
 use crate::config::{Config, Timeouts};
 use crate::fleet::{Fleet, Node};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
 use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
-
-/// Headers that describe one connection, not the message, and are never forwarded; and the
-/// router's own headers, which a client must not be able to forge.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "expect",
-    "content-length",
-];
 
 /// How long an idle pooled connection to a node is kept.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -737,45 +722,15 @@ async fn write_request(
     Ok(())
 }
 
-/// The client's request as the node should see it: same method, path and headers, minus
-/// hop-by-hop and `X-Fleet-*` headers, with the node's host and the body's exact length.
+/// The client's request as the node should see it.
 fn upstream_request(
     client: &RequestHeader,
     node: &Node,
     body_len: usize,
     strip_auth: bool,
 ) -> Result<RequestHeader> {
-    let path = client
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    let mut req = RequestHeader::build(
-        client.method.clone(),
-        path.as_bytes(),
-        Some(client.headers.len()),
-    )?;
-    for (name, value) in client.headers.iter() {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n)
-            || n == "host"
-            || n.starts_with("x-fleet-")
-            || (strip_auth && n == "authorization")
-        {
-            continue;
-        }
-        req.append_header(name.clone(), value.clone())?;
-    }
-    let t = &node.target;
-    let host = if t.host.contains(':') {
-        // An IPv6 address is bracketed in a Host header.
-        format!("[{}]:{}", t.host, t.port)
-    } else {
-        format!("{}:{}", t.host, t.port)
-    };
-    req.insert_header("Host", host)?;
-    req.insert_header("Content-Length", body_len.to_string())?;
-    Ok(req)
+    let host = headers::host_header(&node.target.host, node.target.port);
+    headers::upstream_request(client, &host, body_len, strip_auth)
 }
 
 /// The node's reply header as the client should see it, with the routing headers added.
@@ -784,18 +739,8 @@ fn downstream_header(
     session: &Session,
     reply: &Relay,
 ) -> Result<ResponseHeader> {
-    let mut header = ResponseHeader::build(upstream.status, Some(upstream.headers.len() + 6))?;
-    for (name, value) in upstream.headers.iter() {
-        if HOP_BY_HOP.contains(&name.as_str()) {
-            continue;
-        }
-        header.append_header(name.clone(), value.clone())?;
-    }
-    if let Some(length) = upstream.headers.get(http::header::CONTENT_LENGTH) {
-        header.insert_header(http::header::CONTENT_LENGTH, length.clone())?;
-    } else if session.req_header().version >= http::Version::HTTP_11 {
-        header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
-    }
+    let client_is_http11 = session.req_header().version >= http::Version::HTTP_11;
+    let mut header = headers::downstream_reply(upstream, client_is_http11)?;
     let node = &reply.candidate.node;
     header.insert_header("X-Fleet-Node", node.name())?;
     header.insert_header(

@@ -9,6 +9,7 @@ mod access_log;
 mod body;
 mod forward;
 mod head;
+mod headers;
 mod local;
 mod reply;
 mod respond;

@@ -1,0 +1,224 @@
+//! Rewriting headers across the proxy hop: pure functions of the message they are given.
+//!
+//! RFC 9110 §7.6.1: a proxy removes the fields that describe one connection (`Connection`,
+//! every field that `Connection` names, and the well-known hop-by-hop fields) before it
+//! forwards a message. corral also sets the framing itself, since it forwards the body it
+//! read and re-frames the reply, and owns the `X-Fleet-*` names.
+
+use pingora_core::Result;
+use pingora_http::{RequestHeader, ResponseHeader};
+
+/// Fields that describe one connection, never forwarded in either direction.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Fields corral sets itself on the way to a node: the framing of the body it read (so also
+/// `Expect`: the client's 100-continue was answered when corral read the body) and the node's
+/// own `Host`.
+const REFRAMED_REQUEST: &[&str] = &["content-length", "expect", "host"];
+
+/// Whether `name` (lower case, as `http` stores it) must not cross the hop, given the tokens
+/// of the message's `Connection` fields.
+fn is_hop_by_hop(name: &str, connection_named: &[String]) -> bool {
+    HOP_BY_HOP.contains(&name) || connection_named.iter().any(|n| n == name)
+}
+
+/// The field names listed in a message's `Connection` fields, lower-cased.
+fn connection_named(headers: &http::HeaderMap) -> Vec<String> {
+    headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|token| token.trim().to_ascii_lowercase())
+        .filter(|token| !token.is_empty())
+        .collect()
+}
+
+/// The client's request as a node should see it: the same method, path and end-to-end
+/// headers, less the hop-by-hop ones, the router's own `X-Fleet-*` (a client must not be able
+/// to forge them) and, when corral checked the client's key itself, `Authorization`; with the
+/// node's `host` and the exact length of the body corral sends.
+pub fn upstream_request(
+    client: &RequestHeader,
+    host: &str,
+    body_len: usize,
+    strip_auth: bool,
+) -> Result<RequestHeader> {
+    let path = client.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut request = RequestHeader::build(
+        client.method.clone(),
+        path.as_bytes(),
+        Some(client.headers.len()),
+    )?;
+    let named = connection_named(&client.headers);
+    for (name, value) in client.headers.iter() {
+        let n = name.as_str();
+        if is_hop_by_hop(n, &named)
+            || REFRAMED_REQUEST.contains(&n)
+            || n.starts_with("x-fleet-")
+            || (strip_auth && n == "authorization")
+        {
+            continue;
+        }
+        request.append_header(name.clone(), value.clone())?;
+    }
+    request.insert_header(http::header::HOST, host)?;
+    request.insert_header(http::header::CONTENT_LENGTH, body_len.to_string())?;
+    Ok(request)
+}
+
+/// A node's reply header as the client should see it, before corral adds its `X-Fleet-*`
+/// headers: the end-to-end fields, the node's `Content-Length` when it sent one, and
+/// otherwise chunked framing for a client that speaks HTTP/1.1 (an HTTP/1.0 client reads
+/// to the close).
+pub fn downstream_reply(
+    upstream: &ResponseHeader,
+    client_is_http11: bool,
+) -> Result<ResponseHeader> {
+    let mut header = ResponseHeader::build(upstream.status, Some(upstream.headers.len() + 6))?;
+    let named = connection_named(&upstream.headers);
+    for (name, value) in upstream.headers.iter() {
+        let n = name.as_str();
+        // The node's own `X-Fleet-*` would be mistaken for corral's.
+        if is_hop_by_hop(n, &named) || n == "content-length" || n.starts_with("x-fleet-") {
+            continue;
+        }
+        header.append_header(name.clone(), value.clone())?;
+    }
+    if let Some(length) = upstream.headers.get(http::header::CONTENT_LENGTH) {
+        header.insert_header(http::header::CONTENT_LENGTH, length.clone())?;
+    } else if client_is_http11 {
+        header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+    }
+    Ok(header)
+}
+
+/// The `Host` header for a node: an IPv6 literal is bracketed.
+pub fn host_header(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut r = RequestHeader::build("POST", b"/api/chat?x=1", None).unwrap();
+        for (n, v) in headers {
+            r.append_header(n.to_string(), *v).unwrap();
+        }
+        r
+    }
+
+    fn names(h: &http::HeaderMap) -> Vec<String> {
+        let mut v: Vec<String> = h.keys().map(|k| k.as_str().to_string()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_fields_are_dropped() {
+        let req = client(&[
+            ("Connection", "keep-alive, X-Trace-Hop"),
+            ("Connection", "Foo"),
+            ("Keep-Alive", "timeout=5"),
+            ("X-Trace-Hop", "1"),
+            ("Foo", "bar"),
+            ("TE", "trailers"),
+            ("Upgrade", "websocket"),
+            ("Proxy-Authorization", "Basic x"),
+            ("Transfer-Encoding", "chunked"),
+            ("Expect", "100-continue"),
+            ("Content-Type", "application/json"),
+            ("User-Agent", "ollama-rs"),
+        ]);
+        let up = upstream_request(&req, "10.0.0.2:11434", 42, false).unwrap();
+        assert_eq!(
+            names(&up.headers),
+            ["content-length", "content-type", "host", "user-agent"]
+        );
+        assert_eq!(up.headers["content-length"], "42");
+        assert_eq!(up.headers["host"], "10.0.0.2:11434");
+        assert_eq!(up.uri.path_and_query().unwrap().as_str(), "/api/chat?x=1");
+        assert_eq!(up.method, http::Method::POST);
+    }
+
+    #[test]
+    fn fleet_headers_from_clients_are_dropped_and_auth_only_when_asked() {
+        let req = client(&[
+            ("X-Fleet-Node", "forged"),
+            ("x-fleet-explain", "1"),
+            ("Authorization", "Bearer k"),
+            ("Host", "router:11435"),
+            ("Content-Length", "999"),
+        ]);
+        let kept = upstream_request(&req, "n:1", 3, false).unwrap();
+        assert_eq!(
+            names(&kept.headers),
+            ["authorization", "content-length", "host"]
+        );
+        assert_eq!(kept.headers["host"], "n:1");
+        assert_eq!(kept.headers["content-length"], "3");
+        let stripped = upstream_request(&req, "n:1", 3, true).unwrap();
+        assert_eq!(names(&stripped.headers), ["content-length", "host"]);
+    }
+
+    fn reply(headers: &[(&str, &str)]) -> ResponseHeader {
+        let mut r = ResponseHeader::build(200, None).unwrap();
+        for (n, v) in headers {
+            r.append_header(n.to_string(), *v).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn replies_keep_end_to_end_fields_and_their_length() {
+        let up = reply(&[
+            ("Content-Type", "application/json"),
+            ("Content-Length", "17"),
+            ("Connection", "close, X-Node-Debug"),
+            ("X-Node-Debug", "1"),
+            ("X-Fleet-Node", "node-says"),
+            ("Date", "Mon, 30 Nov 2026 22:00:00 GMT"),
+        ]);
+        let down = downstream_reply(&up, true).unwrap();
+        assert_eq!(
+            names(&down.headers),
+            ["content-length", "content-type", "date"]
+        );
+        assert_eq!(down.headers["content-length"], "17");
+        assert_eq!(down.status, 200);
+    }
+
+    #[test]
+    fn a_reply_without_length_is_chunked_for_http11_only() {
+        let up = reply(&[
+            ("Content-Type", "application/x-ndjson"),
+            ("Transfer-Encoding", "chunked"),
+        ]);
+        let down = downstream_reply(&up, true).unwrap();
+        assert_eq!(down.headers["transfer-encoding"], "chunked");
+        let down = downstream_reply(&up, false).unwrap();
+        assert_eq!(names(&down.headers), ["content-type"]);
+    }
+
+    #[test]
+    fn ipv6_hosts_are_bracketed() {
+        assert_eq!(host_header("::1", 11434), "[::1]:11434");
+        assert_eq!(host_header("gpu.lan", 11434), "gpu.lan:11434");
+    }
+}
