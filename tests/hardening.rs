@@ -555,6 +555,12 @@ async fn management_calls_need_the_token_and_a_named_node() {
         "b",
         "sent to the named node, whatever it answers"
     );
+    for routed in ["x-fleet-score", "x-fleet-affinity", "x-fleet-retries"] {
+        assert!(
+            resp.headers().get(routed).is_none(),
+            "a management call is not routed, yet it says {routed}"
+        );
+    }
 }
 
 #[tokio::test]

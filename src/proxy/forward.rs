@@ -185,16 +185,7 @@ impl Forwarder {
     ) -> Result<()> {
         let config = router.config();
         let profile = Profile::management();
-        let decision = Decision {
-            ranked: vec![Candidate {
-                node,
-                scores: Default::default(),
-                resident: true,
-                standby: false,
-            }],
-            pin: None,
-            follow_up: false,
-        };
+        let decision = Decision::direct(node);
         let candidate = &decision.ranked[0];
         let Some(dispatch) = router.try_dispatch(&candidate.node, &profile) else {
             return busy(
@@ -302,6 +293,11 @@ impl Forwarder {
     /// Counts the routing decision once a node has answered.
     fn book_decision(&self, ctx: &mut RequestCtx, reply: &Relay, labels: &[&str; 2]) {
         let candidate = reply.candidate;
+        ctx.node = Some(candidate.node.name().to_string());
+        if reply.decision.direct {
+            // Nothing was chosen: no score, affinity or load to count.
+            return;
+        }
         let affinity = reply.decision.affinity_for(candidate.node.id).as_str();
         let score = candidate.scores.total();
         self.metrics.affinity.with_label_values(&[affinity]).inc();
@@ -309,7 +305,6 @@ impl Forwarder {
         if !candidate.resident {
             self.metrics.cold_loads.with_label_values(labels).inc();
         }
-        ctx.node = Some(candidate.node.name().to_string());
         ctx.score = Some(score);
         ctx.affinity = Some(affinity);
         ctx.cold_load = !candidate.resident;
@@ -743,6 +738,9 @@ fn downstream_header(
     let mut header = headers::downstream_reply(upstream, client_is_http11)?;
     let node = &reply.candidate.node;
     header.insert_header("X-Fleet-Node", node.name())?;
+    if reply.decision.direct {
+        return Ok(header);
+    }
     header.insert_header(
         "X-Fleet-Score",
         format!("{:.1}", reply.candidate.scores.total()),

@@ -63,6 +63,8 @@ pub struct Decision {
     /// The request continues a conversation: it carries an earlier reply, or its prefix was
     /// known and has gone cold.
     pub follow_up: bool,
+    /// The client named the node (a management call): nothing was scored or chosen.
+    pub direct: bool,
 }
 
 /// What `X-Fleet-Affinity` reports.
@@ -98,6 +100,21 @@ pub enum RouteError {
 }
 
 impl Decision {
+    /// A request the client sent to the node it named.
+    pub fn direct(node: Arc<Node>) -> Decision {
+        Decision {
+            ranked: vec![Candidate {
+                node,
+                scores: Scores::default(),
+                resident: true,
+                standby: false,
+            }],
+            pin: None,
+            follow_up: false,
+            direct: true,
+        }
+    }
+
     /// The affinity result if the request goes to the node with this id.
     pub fn affinity_for(&self, node: u16) -> AffinityResult {
         match self.pin {
@@ -279,6 +296,7 @@ impl Router {
             ranked,
             pin,
             follow_up: p.follow_up || went_cold,
+            direct: false,
         })
     }
 
