@@ -390,3 +390,88 @@ async fn a_client_that_leaves_releases_its_place() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Sends `count` chats one after another on one kept-alive connection, each the moment the
+/// previous reply has been read whole, and returns each reply's status (0: the connection
+/// failed).
+async fn back_to_back(addr: std::net::SocketAddr, count: usize) -> Vec<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = chat_body(&["hi".to_string()], false).to_string();
+    let request = format!(
+        "POST /api/chat HTTP/1.1\r\nHost: corral\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut statuses = Vec::with_capacity(count);
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return vec![0; count];
+    };
+    let mut buf = Vec::new();
+    for _ in 0..count {
+        if stream.write_all(request.as_bytes()).await.is_err() {
+            statuses.push(0);
+            break;
+        }
+        // Read one whole reply: its head, then Content-Length bytes of body.
+        let reply = loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut parsed = httparse::Response::new(&mut headers);
+            if let Ok(httparse::Status::Complete(head_len)) = parsed.parse(&buf) {
+                let length = parsed
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.parse::<usize>().ok());
+                if let Some(length) = length
+                    && buf.len() >= head_len + length
+                {
+                    break Some((parsed.code.unwrap_or(0), head_len + length));
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break None,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        match reply {
+            Some((status, used)) => {
+                statuses.push(status);
+                buf.drain(..used);
+            }
+            None => {
+                statuses.push(0);
+                break;
+            }
+        }
+    }
+    statuses.resize(count, 0);
+    statuses
+}
+
+#[tokio::test]
+async fn back_to_back_requests_on_kept_alive_connections_are_all_served() {
+    // Once a reply with a declared length is written, a client may send its next request at
+    // once. corral used to watch for a gone client while it read the node's (already
+    // finished) reply, and sometimes took the next request's first byte for a disconnect:
+    // that reply was logged as 499 and the next request arrived as "OST /api/chat" (405).
+    let echo = EchoNode::start().await;
+    let mut spec = echo.spec("echo");
+    spec.num_parallel = 64;
+    let router = Router::start(vec![spec], "threads: 2\n").await;
+    let addr = router.url().trim_start_matches("http://").parse().unwrap();
+    let clients: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(back_to_back(addr, 150)))
+        .collect();
+    let mut statuses = Vec::new();
+    for c in clients {
+        statuses.extend(c.await.unwrap());
+    }
+    let failed: Vec<_> = statuses.iter().filter(|s| **s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} back-to-back requests were not served: {failed:?}",
+        failed.len(),
+        statuses.len()
+    );
+}

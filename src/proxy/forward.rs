@@ -694,6 +694,11 @@ impl ReplyKind {
 async fn race<T>(session: &mut Session, limit: Duration, work: impl Future<Output = T>) -> Wait<T> {
     let gone = session.as_downstream_mut().read_body_or_idle(true);
     tokio::select! {
+        // Work first: once a reply with a declared length is written the client may send
+        // its next request on the connection, and the idle read would take that request's
+        // first byte for a gone client (and lose it) while the finished reply's end of
+        // body was ready all along.
+        biased;
         done = tokio::time::timeout(limit, work) => match done {
             Ok(value) => Wait::Done(value),
             Err(_) => Wait::TimedOut,
