@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
 # Proxy overhead on loopback, in one run: an in-memory Ollama-shaped backend reached
-# directly, through nginx, and through corral, for 1 KiB and 128 KiB chat bodies and for a
-# streamed reply; then how long streamed chunks take to cross each proxy.
+# directly, through nginx, through a bare Pingora pass-through (Pingora's own proxy loop with
+# a fixed peer: the floor for any Pingora-based proxy) and through corral, for 1 KiB and
+# 128 KiB chat bodies and for a streamed reply; then how long streamed chunks take to cross
+# each proxy. The proxies run with 1 and then 2 worker threads; each measurement is repeated
+# in ROUNDS rounds, the targets' order rotating every round, and the report gives medians
+# and spreads.
 #
 #   scripts/bench-overhead.sh [OUT_DIR]        (default: target/bench-overhead)
 #
 # Writes OUT_DIR/overhead.csv (raw figures), OUT_DIR/overhead.md (tables, corral/nginx
 # ratios, goals) and docs/img/overhead.png. Environment knobs:
-#   DURATION=8  seconds per throughput run      LAT_DURATION=5  seconds per 1-connection run
+#   DURATION=5  seconds per throughput run      LAT_DURATION=3  seconds per 1-connection run
 #   CONNS=32    connections for throughput     SKIP_BUILD=1    use the binaries already built
+#   ROUNDS=3    alternating rounds             THREADS="1 2"   proxy worker counts to run
 #   PLOT=path   where the chart goes (default docs/img/overhead.png)
 #   CORRAL=path, BENCH=path   binaries to run instead of target/release/ (to compare builds)
 #
-# Placement on the 2-core machines this runs on: the proxy under test gets CPU 0 to itself;
-# the backend and the load generator share CPU 1. nginx runs one worker, corral one thread.
+# Placement on the 2-core machines this runs on: with one thread the proxy under test gets
+# CPU 0 to itself and the backend and the load generator share CPU 1; with two threads the
+# proxy may use both CPUs (and competes with them). nginx runs as many workers as the others
+# have threads.
 # Every server listens on 127.0.0.1 only and is stopped when the script exits.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 OUT=${1:-target/bench-overhead}
-DURATION=${DURATION:-8}
-LAT_DURATION=${LAT_DURATION:-5}
+DURATION=${DURATION:-5}
+LAT_DURATION=${LAT_DURATION:-3}
+ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-"1 2"}
 CONNS=${CONNS:-32}
 PLOT=${PLOT:-docs/img/overhead.png}
 mkdir -p "$OUT" "$(dirname "$PLOT")"
@@ -67,7 +76,7 @@ on_cpu() {
 }
 
 # Starts a server in the background, pinned, and remembers its PID for the cleanup. The
-# subshell execs taskset, which execs the server: $! is the server itself.
+# subshell execs taskset, which execs the server: $! is the server itself. Sets LAST_PID.
 start_on_cpu() {
     local cpu=$1
     shift
@@ -76,7 +85,8 @@ start_on_cpu() {
     else
         (exec "$@" >/dev/null) &
     fi
-    PIDS+=($!)
+    LAST_PID=$!
+    PIDS+=("$LAST_PID")
 }
 
 wait_port() {
@@ -89,13 +99,13 @@ wait_port() {
     exit 1
 }
 
-BACKEND_PORT=$($BENCH free-port)
-NGINX_PORT=$($BENCH free-port)
-CORRAL_PORT=$($BENCH free-port)
-while [[ $NGINX_PORT == "$BACKEND_PORT" ]]; do NGINX_PORT=$($BENCH free-port); done
-while [[ $CORRAL_PORT == "$BACKEND_PORT" || $CORRAL_PORT == "$NGINX_PORT" ]]; do
-    CORRAL_PORT=$($BENCH free-port)
+# Four distinct free loopback ports.
+PORTS=()
+while ((${#PORTS[@]} < 4)); do
+    p=$($BENCH free-port)
+    [[ " ${PORTS[*]} " == *" $p "* ]] || PORTS+=("$p")
 done
+BACKEND_PORT=${PORTS[0]} NGINX_PORT=${PORTS[1]} PINGORA_PORT=${PORTS[2]} CORRAL_PORT=${PORTS[3]}
 
 # --- bodies and wrk scripts ----------------------------------------------------------------
 $BENCH make-body --bytes 1024 >"$WORK/1k.json"
@@ -121,13 +131,15 @@ end
 EOF
 done
 
-# --- servers -------------------------------------------------------------------------------
-start_on_cpu 1 $BENCH backend --listen "127.0.0.1:$BACKEND_PORT" --threads 1 --chunks 16
-wait_port "$BACKEND_PORT"
-
-mkdir -p "$WORK/nginx/logs"
-cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes 1;
+# start_proxies THREADS: nginx, bare Pingora and corral, each with THREADS workers.
+PROXY_PIDS=()
+start_proxies() {
+    local threads=$1 cpu=0
+    ((threads > 1)) && cpu=0-1
+    PROXY_PIDS=()
+    mkdir -p "$WORK/nginx/logs"
+    cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes $threads;
 daemon off;
 pid $WORK/nginx/nginx.pid;
 error_log $WORK/nginx/logs/error.log warn;
@@ -159,12 +171,14 @@ http {
     }
 }
 EOF
-start_on_cpu 0 "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf"
-wait_port "$NGINX_PORT"
-
-cat >"$WORK/corral.yaml" <<EOF
+    start_on_cpu "$cpu" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf"
+    PROXY_PIDS+=("$LAST_PID")
+    RUST_LOG=warn start_on_cpu "$cpu" $BENCH bare-pingora --listen "127.0.0.1:$PINGORA_PORT" \
+        --upstream "127.0.0.1:$BACKEND_PORT" --threads "$threads"
+    PROXY_PIDS+=("$LAST_PID")
+    cat >"$WORK/corral.yaml" <<EOF
 version: 1
-threads: 1
+threads: $threads
 grace_period_seconds: 0
 graceful_shutdown_timeout_seconds: 1
 pid_file: /tmp/corral-overhead-$CORRAL_PORT.pid
@@ -184,50 +198,74 @@ nodes:
     # once, as nginx does, instead of queueing past Ollama's usual 4 in flight.
     num_parallel: 64
 EOF
-RUST_LOG=warn start_on_cpu 0 $CORRAL -c "$WORK/corral.yaml"
-wait_port "$CORRAL_PORT"
-sleep 2 # two polls: corral has seen the backend's model
+    RUST_LOG=warn start_on_cpu "$cpu" $CORRAL -c "$WORK/corral.yaml"
+    PROXY_PIDS+=("$LAST_PID")
+    wait_port "$NGINX_PORT"
+    wait_port "$PINGORA_PORT"
+    wait_port "$CORRAL_PORT"
+    sleep 2 # two polls: corral has seen the backend's model
+    # Every target must answer a chat before anything is measured.
+    for t in "${TARGETS[@]}"; do
+        code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
+            --data-binary "@$WORK/1k.json" "${URL[$t]}/api/chat")
+        [[ $code == 200 ]] || { echo "$t answered $code to a chat" >&2; exit 1; }
+    done
+}
+
+stop_proxies() {
+    for pid in "${PROXY_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PROXY_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+
+# --- servers -------------------------------------------------------------------------------
+start_on_cpu 1 $BENCH backend --listen "127.0.0.1:$BACKEND_PORT" --threads 1 --chunks 16
+wait_port "$BACKEND_PORT"
 
 declare -A URL=(
     [direct]="http://127.0.0.1:$BACKEND_PORT"
     [nginx]="http://127.0.0.1:$NGINX_PORT"
+    [pingora]="http://127.0.0.1:$PINGORA_PORT"
     [corral]="http://127.0.0.1:$CORRAL_PORT"
 )
-TARGETS=(direct nginx corral)
-
-# Every target must answer a chat before anything is measured.
-for t in "${TARGETS[@]}"; do
-    code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
-        --data-binary "@$WORK/1k.json" "${URL[$t]}/api/chat")
-    [[ $code == 200 ]] || { echo "$t answered $code to a chat" >&2; exit 1; }
-done
+TARGETS=(direct nginx pingora corral)
 
 # --- measurements --------------------------------------------------------------------------
 CSV="$OUT/overhead.csv"
-echo "kind,scenario,target,rps,p50_ms,p90_ms,p99_ms,errors" >"$CSV"
+echo "kind,scenario,target,threads,round,rps,p50_ms,p90_ms,p99_ms,errors" >"$CSV"
 
-# wrk_run KIND SCENARIO TARGET CONNS SECONDS
+# wrk_run KIND SCENARIO TARGET CONNS SECONDS THREADS ROUND
 wrk_run() {
-    local kind=$1 scenario=$2 target=$3 conns=$4 secs=$5
+    local kind=$1 scenario=$2 target=$3 conns=$4 secs=$5 threads=$6 round=$7
     local line
     line=$(on_cpu 1 wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/$scenario.lua" \
         "${URL[$target]}/api/chat" | grep '^RESULT') || { echo "wrk failed on $target" >&2; exit 1; }
     read -r _ rps p50 p90 p99 errors <<<"$line"
-    echo "$kind,$scenario,$target,$rps,$p50,$p90,$p99,$errors" | tee -a "$CSV"
+    echo "$kind,$scenario,$target,$threads,$round,$rps,$p50,$p90,$p99,$errors" | tee -a "$CSV"
 }
 
-for scenario in 1k 128k stream; do
-    for t in "${TARGETS[@]}"; do
-        on_cpu 1 wrk -t1 -c"$CONNS" -d2s -s "$WORK/$scenario.lua" "${URL[$t]}/api/chat" >/dev/null # warm-up
-        wrk_run throughput "$scenario" "$t" "$CONNS" "$DURATION"
-        wrk_run latency "$scenario" "$t" 1 "$LAT_DURATION"
+for threads in $THREADS; do
+    start_proxies "$threads"
+    for round in $(seq 1 "$ROUNDS"); do
+        # The targets in a rotated order each round, so that no target always runs first.
+        shift_by=$((round % ${#TARGETS[@]}))
+        order=("${TARGETS[@]:shift_by}" "${TARGETS[@]:0:shift_by}")
+        for scenario in 1k 128k stream; do
+            for t in "${order[@]}"; do
+                on_cpu 1 wrk -t1 -c"$CONNS" -d1s -s "$WORK/$scenario.lua" "${URL[$t]}/api/chat" >/dev/null # warm-up
+                wrk_run throughput "$scenario" "$t" "$CONNS" "$DURATION" "$threads" "$round"
+                wrk_run latency "$scenario" "$t" 1 "$LAT_DURATION" "$threads" "$round"
+            done
+        done
+        # Streamed chunks 2 ms apart, 20 replies of 50 chunks: delivery delay per chunk.
+        for t in "${order[@]}"; do
+            line=$(on_cpu 1 $BENCH stream-probe --url "${URL[$t]}" --target "$t" --requests 20 \
+                --chunks 50 --interval-us 2000)
+            # stream-probe prints kind,scenario,target,...: threads and round go after target.
+            IFS=, read -r kind scenario target rest <<<"$line"
+            echo "$kind,$scenario,$target,$threads,$round,$rest" | tee -a "$CSV"
+        done
     done
-done
-
-# Streamed chunks 2 ms apart, 20 replies of 50 chunks: delivery delay per chunk.
-for t in "${TARGETS[@]}"; do
-    on_cpu 1 $BENCH stream-probe --url "${URL[$t]}" --target "$t" --requests 20 --chunks 50 \
-        --interval-us 2000 | tee -a "$CSV"
+    stop_proxies
 done
 
 # --- report --------------------------------------------------------------------------------

@@ -2,10 +2,12 @@
 //!
 //! - `replay` runs multi-turn workloads against a simulated fleet through corral and four
 //!   baseline policies in one run, and reports warm shares, TTFT, model churn and throughput.
-//! - `backend`, `make-body`, `stream-probe`, `free-port` and `overhead-report` are the parts
-//!   scripts/bench-overhead.sh uses to compare corral with nginx and a direct connection.
+//! - `backend`, `bare-pingora`, `make-body`, `stream-probe`, `free-port` and
+//!   `overhead-report` are the parts scripts/bench-overhead.sh uses to compare corral with a
+//!   bare Pingora pass-through, nginx and a direct connection.
 
 mod backend;
+mod bare;
 mod client;
 mod fleet;
 mod overhead;
@@ -49,6 +51,18 @@ enum Command {
         /// Content chunks in a streamed reply (a header can ask for another number).
         #[arg(long, default_value_t = 16)]
         chunks: usize,
+    },
+    /// Serve Pingora's own proxy loop with one fixed peer: the floor corral is measured
+    /// against.
+    BarePingora {
+        /// Loopback address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// The backend every request goes to.
+        #[arg(long)]
+        upstream: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
     /// Write a chat body of about this many bytes to standard output.
     MakeBody {
@@ -147,6 +161,11 @@ fn run(command: Command) -> Result<(), String> {
             threads,
             chunks,
         } => backend::serve(listen, threads, chunks),
+        Command::BarePingora {
+            listen,
+            upstream,
+            threads,
+        } => bare::serve(listen, upstream, threads),
         Command::MakeBody { bytes, stream } => {
             use std::io::Write;
             std::io::stdout()
