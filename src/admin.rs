@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::fleet::Node;
 use crate::request::{Endpoint, Profile, Route};
-use crate::routing::{RouteError, Router};
+use crate::routing::Router;
 
 /// Largest body `POST /explain` reads.
 const MAX_EXPLAIN_BODY: usize = 64 * 1024 * 1024;
@@ -33,13 +33,8 @@ impl Admin {
         let Some(token) = &config.admin_token else {
             return true;
         };
-        let given = session
-            .req_header()
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        given.is_some_and(|g| crate::proxy::same_secret(g, token))
+        crate::proxy::bearer(session.req_header())
+            .is_some_and(|given| crate::proxy::same_secret(given, token))
     }
 
     /// Per node: health, models on disk and resident, in-flight and queue per model,
@@ -67,17 +62,10 @@ impl Admin {
         };
         let decision = match self.router.decide(&profile) {
             Ok(d) => d,
-            Err(RouteError::ModelNotFound(m)) => {
-                return (
-                    StatusCode::NOT_FOUND,
-                    json!({ "error": format!("model '{m}' not found") }),
-                );
-            }
             Err(e) => {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    json!({ "error": format!("{e:?}") }),
-                );
+                let status =
+                    StatusCode::from_u16(e.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                return (status, json!({ "error": e.to_string() }));
             }
         };
         let fleet = &self.router.fleet;

@@ -221,6 +221,21 @@ async fn admin_api_reports_the_fleet_and_explains_without_forwarding() {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);
+
+    // A routing error is told as the proxy tells it (status and message), and the admin
+    // token is read as the client keys are (surrounding blanks ignored).
+    let mut unknown = chat_body(&["hi".to_string()], false);
+    unknown["model"] = "nosuch:1b".into();
+    let resp = c
+        .post(admin("/explain"))
+        .header("Authorization", "Bearer s3cret ")
+        .json(&unknown)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"], "model 'nosuch:1b' not found");
 }
 
 #[tokio::test]

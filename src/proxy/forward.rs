@@ -614,20 +614,11 @@ async fn refuse(
     e: RouteError,
     config: &Config,
 ) -> Result<()> {
-    match e {
-        RouteError::NoHealthyNode => {
-            busy(session, ctx, "no healthy node in the fleet", config).await
-        }
-        RouteError::TooLarge { model, need } => {
-            let message = format!(
-                "model '{model}' needs {:.1} GB, more memory than any healthy node has",
-                need as f64 / 1e9
-            );
-            busy(session, ctx, &message, config).await
-        }
-        RouteError::ModelNotFound(model) => {
-            ctx.status = 404;
-            super::respond::error(session, 404, &format!("model '{model}' not found"), &[]).await
+    match e.status() {
+        503 => busy(session, ctx, &e.to_string(), config).await,
+        status => {
+            ctx.status = status;
+            super::respond::error(session, status, &e.to_string(), &[]).await
         }
     }
 }

@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::metrics::{Metrics, model_label};
 use crate::request::{Endpoint, Profile, Route};
 use crate::routing::Router;
-pub use access::same_secret;
+pub use access::{bearer, same_secret};
 pub use access_log::AccessLog;
 pub use head::ClientConnections;
 pub use reply::ReplyStats;

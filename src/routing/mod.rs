@@ -99,6 +99,31 @@ pub enum RouteError {
     },
 }
 
+impl RouteError {
+    /// The HTTP status a client gets: 404 for a model no node has, 503 (worth retrying)
+    /// otherwise.
+    pub fn status(&self) -> u16 {
+        match self {
+            RouteError::ModelNotFound(_) => 404,
+            RouteError::NoHealthyNode | RouteError::TooLarge { .. } => 503,
+        }
+    }
+}
+
+impl std::fmt::Display for RouteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RouteError::NoHealthyNode => f.write_str("no healthy node in the fleet"),
+            RouteError::ModelNotFound(model) => write!(f, "model '{model}' not found"),
+            RouteError::TooLarge { model, need } => write!(
+                f,
+                "model '{model}' needs {:.1} GB, more memory than any healthy node has",
+                *need as f64 / 1e9
+            ),
+        }
+    }
+}
+
 impl Decision {
     /// A request the client sent to the node it named.
     pub fn direct(node: Arc<Node>) -> Decision {
