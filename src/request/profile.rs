@@ -449,6 +449,60 @@ mod tests {
     }
 
     #[test]
+    fn explicit_session_keys_from_the_body() {
+        let p = Profile::parse(
+            Endpoint::OpenAiChat,
+            br#"{"model":"m","prompt_cache_key":"k","messages":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.session, Some(session_hash("m:latest", "k")));
+        let body = br#"{"model":"m","metadata":{"user_id":"u"},"messages":[]}"#;
+        let anthropic = Profile::parse(Endpoint::AnthropicMessages, body).unwrap();
+        assert_eq!(anthropic.session, Some(session_hash("m:latest", "u")));
+        // OpenAI's metadata is free-form: not a session key there.
+        assert_eq!(
+            Profile::parse(Endpoint::OpenAiChat, body).unwrap().session,
+            None
+        );
+        let odd = br#"{"model":"m","prompt_cache_key":5,"metadata":[1],"messages":[]}"#;
+        assert_eq!(
+            Profile::parse(Endpoint::AnthropicMessages, odd)
+                .unwrap()
+                .session,
+            None
+        );
+    }
+
+    #[test]
+    fn responses_and_anthropic_chains_match_native_chat() {
+        let native = chat(
+            r#"{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hi"}]}"#,
+        );
+        let anthropic = Profile::parse(
+            Endpoint::AnthropicMessages,
+            br#"{"model":"m","system":"sys","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        let responses = Profile::parse(
+            Endpoint::OpenAiResponses,
+            br#"{"model":"m","instructions":"sys","input":"hi"}"#,
+        )
+        .unwrap();
+        let items = Profile::parse(
+            Endpoint::OpenAiResponses,
+            br#"{"model":"m","instructions":"sys","input":[{"role":"user","content":"hi"},
+              {"type":"message","role":"assistant","content":"yo"},{"role":"user","content":"and?"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(anthropic.chain, native.chain);
+        assert_eq!(responses.chain, native.chain);
+        assert_eq!(items.chain.hashes[..3], native.chain.hashes[..]);
+        assert!(items.follow_up && !responses.follow_up);
+        assert!(!responses.stream, "Responses streams only when asked");
+        assert!(Profile::parse(Endpoint::OpenAiResponses, br#"{"model":"m","input":5}"#).is_err());
+    }
+
+    #[test]
     fn normalizes_tags() {
         assert_eq!(normalize_model("llama3"), "llama3:latest");
         assert_eq!(normalize_model("llama3:8b"), "llama3:8b");
