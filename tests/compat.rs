@@ -321,3 +321,35 @@ async fn model_lookup_heads_status_and_experimental() {
     let error: Value = resp.json().await.unwrap();
     assert!(error["error"].as_str().unwrap().contains("experimental"));
 }
+
+#[tokio::test]
+async fn a_stream_cut_mid_reply_ends_with_the_apis_own_error_event() {
+    let (nodes, router) = fleet(1).await;
+    nodes[0].set_fault(corral::standin::Fault::CutMidStream(3));
+    let body = json!({ "model": MODEL, "max_tokens": 8, "stream": true,
+        "messages": [{ "role": "user", "content": "cut me" }] });
+    let (_, events) = sse_events(post(&router, "/v1/messages", &body).await).await;
+    let (kind, data) = events.last().expect("events");
+    assert_eq!(kind, "error", "{events:?}");
+    assert_eq!(data["type"], "error");
+    assert_eq!(
+        data["error"]["type"], "api_error",
+        "Anthropic's shape: {data}"
+    );
+    assert_eq!(
+        events[0].0, "message_start",
+        "what the node sent came first"
+    );
+
+    let body = json!({ "model": MODEL, "input": "cut me too", "stream": true });
+    let (_, events) = sse_events(post(&router, "/v1/responses", &body).await).await;
+    let (kind, data) = events.last().expect("events");
+    assert_eq!(kind, "error", "{events:?}");
+    assert!(
+        data["message"]
+            .as_str()
+            .unwrap()
+            .contains("failed mid-reply"),
+        "{data}"
+    );
+}

@@ -89,9 +89,13 @@ async fn tokens_are_counted_per_key_name_and_logged() {
         let (p, c) = reported(&send(&router, "key-a", path, body).await);
         team_a = (team_a.0 + p, team_a.1 + c);
     }
-    // team-b: Anthropic, whole. The plain key: anonymous.
+    // team-b: Anthropic, whole and streamed (usage in message_delta). The plain key:
+    // anonymous.
     let body = json!({ "model": MODEL, "max_tokens": 3, "messages": user("four") });
-    let team_b = reported(&send(&router, "key-b", "/v1/messages", body).await);
+    let whole = reported(&send(&router, "key-b", "/v1/messages", body).await);
+    let body = json!({ "model": MODEL, "max_tokens": 2, "stream": true, "messages": user("4b") });
+    let streamed = reported(&send(&router, "key-b", "/v1/messages", body).await);
+    let team_b = (whole.0 + streamed.0, whole.1 + streamed.1);
     let body = json!({ "model": MODEL, "stream": false, "messages": user("five") });
     let anonymous = reported(&send(&router, "plain-key", "/api/chat", body).await);
 
@@ -105,7 +109,7 @@ async fn tokens_are_counted_per_key_name_and_logged() {
     assert_eq!(tokens(&scraped, "team-a", "prompt"), team_a.0, "{scraped}");
     assert_eq!(tokens(&scraped, "team-a", "completion"), team_a.1);
     assert_eq!(tokens(&scraped, "team-b", "prompt"), team_b.0);
-    assert_eq!(tokens(&scraped, "team-b", "completion"), 3);
+    assert_eq!(tokens(&scraped, "team-b", "completion"), 3 + 2);
     assert_eq!(tokens(&scraped, "anonymous", "prompt"), anonymous.0);
     // The OpenAI stream reported cached tokens (the stand-in's prefix cache): counted.
     assert!(
@@ -121,12 +125,19 @@ async fn tokens_are_counted_per_key_name_and_logged() {
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .map(|v| v["key_name"].as_str().unwrap_or_default().to_string())
             .collect();
-        names.len() >= 5
+        names.len() >= 6
     })
     .await;
     assert_eq!(
         names,
-        ["team-a", "team-a", "team-a", "team-b", "anonymous"],
+        [
+            "team-a",
+            "team-a",
+            "team-a",
+            "team-b",
+            "team-b",
+            "anonymous"
+        ],
         "one line per request, in order"
     );
 }
