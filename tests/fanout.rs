@@ -175,3 +175,27 @@ async fn a_node_dying_mid_batch_has_its_chunk_served_elsewhere() {
     assert_eq!(merged["embeddings"], whole["embeddings"]);
     assert_eq!(merged["embeddings"].as_array().unwrap().len(), 96);
 }
+
+#[tokio::test]
+async fn a_client_that_leaves_stops_the_batch() {
+    // 12 chunks of about 80 ms each over 3 nodes: at least 320 ms of work.
+    let (nodes, router) = fleet(Duration::from_millis(1)).await;
+    let body = json!({ "model": EMBED, "input": inputs(96) });
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{}/api/embed", router.url()))
+        .json(&body)
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up first");
+    // Long enough for every chunk to have been sent, had corral not stopped.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let chunks: usize = nodes.iter().map(|n| n.log().len()).sum();
+    assert!(
+        chunks < 12,
+        "{chunks} of 12 chunks were sent after the client left"
+    );
+}

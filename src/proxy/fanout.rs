@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 use tokio::sync::Notify;
 
 use super::RequestCtx;
-use super::forward::{Forwarder, peer, upstream_request};
+use super::forward::{Forwarder, Wait, peer, race, upstream_request};
 use super::usage::TokenUsage;
 use crate::config::Config;
 use crate::request::{Endpoint, Profile};
@@ -165,7 +165,13 @@ pub async fn serve(
         shared: Mutex::new(shared),
         changed: Notify::new(),
     };
-    futures::future::join_all(nodes.iter().map(|node| worker(&plan, node))).await;
+    let workers = futures::future::join_all(nodes.iter().map(|node| worker(&plan, node)));
+    // Chunks are bounded by the nodes' timeouts; a client that leaves ends them at once
+    // (dropping a chunk's connection makes its node stop).
+    if let Wait::ClientGone = race(session, Duration::MAX, workers).await {
+        ctx.client_gone = true;
+        return Ok(());
+    }
     let shared = std::mem::take(&mut *plan.shared.lock());
     let label = crate::metrics::model_label(&router.fleet, &profile.model_key).to_string();
     ctx.node = Some("fanout".into());

@@ -73,7 +73,7 @@ impl AttemptError {
     }
 }
 
-enum Wait<T> {
+pub(super) enum Wait<T> {
     Done(T),
     TimedOut,
     ClientGone,
@@ -794,7 +794,11 @@ impl ReplyKind {
 }
 
 /// Runs `work` unless the client goes away or `limit` passes first.
-async fn race<T>(session: &mut Session, limit: Duration, work: impl Future<Output = T>) -> Wait<T> {
+pub(super) async fn race<T>(
+    session: &mut Session,
+    limit: Duration,
+    work: impl Future<Output = T>,
+) -> Wait<T> {
     let gone = session.as_downstream_mut().read_body_or_idle(true);
     tokio::select! {
         done = tokio::time::timeout(limit, work) => match done {
