@@ -165,8 +165,9 @@ impl Profile {
                 let tools = m.tool_calls.map_or("", RawValue::get);
                 text_bytes += content.len() + tools.len();
                 let message_images = m.images.as_ref().map_or(0, Vec::len);
-                // OpenAI carries images as content parts.
-                let parts = content.matches("\"image_url\"").count();
+                // OpenAI and Anthropic carry images as content parts.
+                let parts =
+                    content.matches("\"image_url\"").count() + content.matches("\"image\"").count();
                 images = images.saturating_add(saturating_u32(message_images + parts));
                 follow_up |= m.role == "assistant";
                 if endpoint.generates() {
@@ -498,6 +499,13 @@ mod tests {
         assert_eq!(responses.chain, native.chain);
         assert_eq!(items.chain.hashes[..3], native.chain.hashes[..]);
         assert!(items.follow_up && !responses.follow_up);
+        let image = Profile::parse(
+            Endpoint::AnthropicMessages,
+            br#"{"model":"m","messages":[{"role":"user","content":[
+              {"type":"image","source":{"type":"base64","data":"aGk="}},{"type":"text","text":"what?"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(image.images, 1);
         assert!(!responses.stream, "Responses streams only when asked");
         assert!(Profile::parse(Endpoint::OpenAiResponses, br#"{"model":"m","input":5}"#).is_err());
     }
