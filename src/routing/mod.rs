@@ -116,7 +116,9 @@ impl Router {
         Router {
             fleet,
             affinity: AffinityTable::new(config.affinity.capacity, config.affinity.ttl),
-            sessions: AffinityTable::new(config.affinity.capacity, config.affinity.ttl),
+            // One entry per keyed session, where prefixes take about two per conversation,
+            // and the table reserves its capacity up front: a quarter is room enough.
+            sessions: AffinityTable::new(config.affinity.capacity / 4, config.affinity.ttl),
             config: ArcSwap::from_pointee(config.clone()),
             next_lineage: AtomicU64::new(1),
             slot_freed: Notify::new(),
