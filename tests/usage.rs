@@ -18,13 +18,13 @@ fn tokens(scrape: &str, client: &str, kind: &str) -> u64 {
 }
 
 async fn send(router: &Router, key: &str, path: &str, body: Value) -> String {
-    let resp = client()
-        .post(format!("{}{path}", router.url()))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .expect("a reply");
+    let request = client().post(format!("{}{path}", router.url()));
+    // Anthropic's clients send their key in x-api-key, the others as a bearer token.
+    let request = match path {
+        "/v1/messages" => request.header("x-api-key", key),
+        _ => request.bearer_auth(key),
+    };
+    let resp = request.json(&body).send().await.expect("a reply");
     assert_eq!(resp.status(), 200, "{path}");
     resp.text().await.unwrap()
 }

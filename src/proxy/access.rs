@@ -32,7 +32,13 @@ pub fn client_allowed(config: &Config, req: &RequestHeader) -> bool {
 /// The configured key the request carries, if any. Every key is compared, so the time taken
 /// does not tell which one matched.
 pub fn client_key<'c>(config: &'c Config, req: &RequestHeader) -> Option<&'c ApiKey> {
-    let given = bearer(req)?;
+    // Anthropic's clients send their key in `x-api-key`.
+    let given = bearer(req).or_else(|| {
+        req.headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    })?;
     config
         .api_keys
         .iter()
@@ -104,6 +110,8 @@ mod tests {
         assert_eq!(name("Bearer ka"), "team-a");
         assert_eq!(name("Bearer kb"), "team-b");
         assert_eq!(name("Bearer plain"), "anonymous");
+        let anthropic = req(&[("x-api-key", "kb")]);
+        assert_eq!(client_name(&config, &anthropic), "team-b");
         assert_eq!(name("Bearer nope"), "anonymous");
         assert!(client_allowed(
             &config,

@@ -263,7 +263,8 @@ impl Forwarder {
             };
             return Err(self.failed(attempt.router, dispatch, error));
         };
-        // A client key is corral's credential, not the node's.
+        // A client key is corral's credential, not the node's (`Authorization`, or
+        // Anthropic's `x-api-key`).
         let strip_auth = !attempt.router.config().api_keys.is_empty();
         let request = match upstream_request(session.req_header(), node, body.len(), strip_auth) {
             Ok(request) => request,
@@ -847,7 +848,7 @@ pub(super) fn upstream_request(
         if HOP_BY_HOP.contains(&n)
             || n == "host"
             || n.starts_with("x-fleet-")
-            || (strip_auth && n == "authorization")
+            || (strip_auth && (n == "authorization" || n == "x-api-key"))
         {
             continue;
         }
