@@ -43,8 +43,12 @@ pub struct Config {
     /// SIGHUP reloads it in any case.
     #[serde(with = "humantime_serde")]
     pub watch_config: Option<Duration>,
-    /// When set, clients must send `Authorization: Bearer <key>` with one of these keys.
-    pub api_keys: Vec<String>,
+    /// When set, clients must send `Authorization: Bearer <key>` with one of these keys:
+    /// plain strings, or `{name, key}` to count usage under the name.
+    pub api_keys: Vec<ApiKey>,
+    /// Request headers read, in order, for an explicit session key when the body has none.
+    pub session_headers: Vec<String>,
+    pub embed_fanout: EmbedFanoutConfig,
     pub management: ManagementConfig,
     /// One JSON line per request: `off`, `stdout`, or a file path to append to.
     pub access_log: String,
@@ -68,6 +72,11 @@ impl Default for Config {
             queue: QueueConfig::default(),
             watch_config: None,
             api_keys: Vec::new(),
+            session_headers: crate::request::session::DEFAULT_SESSION_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            embed_fanout: EmbedFanoutConfig::default(),
             management: ManagementConfig::default(),
             access_log: "off".into(),
         }
@@ -454,6 +463,17 @@ impl Config {
         if self.health.interval.is_zero() || self.poll.interval.is_zero() {
             return Err("health.interval and poll.interval: must be longer than zero".into());
         }
+        validate_api_keys(&self.api_keys)?;
+        for (i, name) in self.session_headers.iter().enumerate() {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(format!(
+                    "session_headers[{i}]: '{name}' is not a header name"
+                ));
+            }
+        }
+        if self.embed_fanout.chunk_size == 0 {
+            return Err("embed_fanout.chunk_size: must be at least 1".into());
+        }
         if self.management.enabled && self.admin_token.is_none() {
             return Err("management.enabled: needs admin_token to be set".into());
         }
@@ -644,5 +664,86 @@ mod shipped {
         let c = super::Config::load(&path).expect("conf/corral.yaml is valid");
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(c.weights, super::Weights::default());
+    }
+}
+
+/// A client API key, plain or named. A named key's name labels its usage in metrics and the
+/// access log; requests with a plain key, or none, count as `anonymous`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum ApiKey {
+    Plain(String),
+    Named(NamedKey),
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NamedKey {
+    pub name: String,
+    pub key: String,
+}
+
+/// The label of requests made without a named key.
+pub const ANONYMOUS: &str = "anonymous";
+
+impl ApiKey {
+    pub fn secret(&self) -> &str {
+        match self {
+            ApiKey::Plain(key) => key,
+            ApiKey::Named(named) => &named.key,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            ApiKey::Plain(_) => ANONYMOUS,
+            ApiKey::Named(named) => &named.name,
+        }
+    }
+}
+
+impl From<&str> for ApiKey {
+    fn from(key: &str) -> ApiKey {
+        ApiKey::Plain(key.to_string())
+    }
+}
+
+fn validate_api_keys(keys: &[ApiKey]) -> Result<(), String> {
+    let mut names = std::collections::HashSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        if key.secret().trim().is_empty() {
+            return Err(format!("api_keys[{i}]: the key must not be empty"));
+        }
+        if let ApiKey::Named(named) = key {
+            let name = named.name.trim();
+            if name.is_empty() || name == ANONYMOUS {
+                return Err(format!(
+                    "api_keys[{i}].name: must be set and not '{ANONYMOUS}'"
+                ));
+            }
+            if !names.insert(name) {
+                return Err(format!("api_keys[{i}].name: '{name}' is used twice"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splitting embedding batches across the nodes that hold the model.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmbedFanoutConfig {
+    /// Inputs per request sent to one node; a batch with more is split. 0 is refused.
+    pub chunk_size: usize,
+    /// Most nodes one batch is spread over.
+    pub max_nodes: usize,
+}
+
+impl Default for EmbedFanoutConfig {
+    fn default() -> Self {
+        EmbedFanoutConfig {
+            chunk_size: 32,
+            max_nodes: 8,
+        }
     }
 }

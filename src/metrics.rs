@@ -39,6 +39,8 @@ pub struct Metrics {
     pub duration: HistogramVec,
     pub ttft: HistogramVec,
     pub winning_score: Histogram,
+    /// Tokens per client key name (config names, or `anonymous`), model and kind.
+    pub client_tokens: IntCounterVec,
 }
 
 impl Metrics {
@@ -107,6 +109,11 @@ impl Metrics {
                     "Total score of the node each request was routed to."
                 )
                 .buckets(SCORES.to_vec())
+            )?,
+            client_tokens: register_int_counter_vec!(
+                "corral_client_tokens_total",
+                "Tokens by client (the api_keys name, or anonymous), model and kind: prompt (all prompt tokens), cached (of those, served from cache, where the node says), completion.",
+                &["client", "model", "kind"]
             )?,
         })
     }

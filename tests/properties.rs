@@ -29,8 +29,19 @@ const ENDPOINTS: [Endpoint; 8] = [
 
 /// Field names `Profile::parse` reads; an "unknown" field must not reuse them (a duplicate
 /// known field is an error, as it should be).
-const KNOWN_TOP: [&str; 9] = [
-    "model", "name", "stream", "options", "messages", "prompt", "system", "images", "input",
+const KNOWN_TOP: [&str; 12] = [
+    "model",
+    "name",
+    "stream",
+    "options",
+    "messages",
+    "prompt",
+    "system",
+    "images",
+    "input",
+    "instructions",
+    "prompt_cache_key",
+    "metadata",
 ];
 /// The block size of prompt hashing (not exported; `prompt_block_size` checks it).
 const PROMPT_BLOCK: usize = 1024;

@@ -8,7 +8,7 @@
 use corral::request::{Endpoint, PrefixChain, Profile, normalize_model};
 use libfuzzer_sys::fuzz_target;
 
-const ENDPOINTS: [Endpoint; 8] = [
+const ENDPOINTS: [Endpoint; 10] = [
     Endpoint::Chat,
     Endpoint::Generate,
     Endpoint::Embed,
@@ -17,6 +17,8 @@ const ENDPOINTS: [Endpoint; 8] = [
     Endpoint::OpenAiChat,
     Endpoint::OpenAiCompletions,
     Endpoint::OpenAiEmbeddings,
+    Endpoint::OpenAiResponses,
+    Endpoint::AnthropicMessages,
 ];
 
 fuzz_target!(|data: &[u8]| {

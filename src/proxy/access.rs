@@ -3,7 +3,7 @@
 use pingora_http::RequestHeader;
 use subtle::ConstantTimeEq;
 
-use crate::config::Config;
+use crate::config::{ANONYMOUS, ApiKey, Config};
 
 /// The token of an `Authorization: Bearer <token>` header, as OpenAI clients (and Ollama
 /// clients behind an authenticating proxy) send it.
@@ -26,7 +26,33 @@ pub fn client_allowed(config: &Config, req: &RequestHeader) -> bool {
     if config.api_keys.is_empty() {
         return true;
     }
-    bearer(req).is_some_and(|given| config.api_keys.iter().any(|key| same_secret(given, key)))
+    client_key(config, req).is_some()
+}
+
+/// The configured key the request carries, if any. Every key is compared, so the time taken
+/// does not tell which one matched.
+pub fn client_key<'c>(config: &'c Config, req: &RequestHeader) -> Option<&'c ApiKey> {
+    // Anthropic's clients send their key in `x-api-key`.
+    let given = bearer(req).or_else(|| {
+        req.headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    })?;
+    config
+        .api_keys
+        .iter()
+        .fold(None, |found, key| match same_secret(given, key.secret()) {
+            true => found.or(Some(key)),
+            false => found,
+        })
+}
+
+/// The name usage is counted under: the matching named key's, else `anonymous`.
+pub fn client_name(config: &Config, req: &RequestHeader) -> String {
+    client_key(config, req)
+        .map_or(ANONYMOUS, ApiKey::name)
+        .to_string()
 }
 
 /// Whether a management call carries the admin token in `X-Fleet-Admin-Token`.
@@ -67,6 +93,35 @@ mod tests {
             &req(&[("authorization", "Bearer k2")])
         ));
         assert!(!client_allowed(&config, &req(&[("authorization", "k2")])));
+        assert_eq!(
+            client_name(&config, &req(&[("authorization", "Bearer k2")])),
+            "anonymous"
+        );
+    }
+
+    #[test]
+    fn named_keys_name_their_client() {
+        let config: Config = serde_yaml::from_str(
+            "api_keys: [plain, {name: team-a, key: ka}, {name: team-b, key: kb}]",
+        )
+        .unwrap();
+        config.validate().unwrap();
+        let name = |h: &str| client_name(&config, &req(&[("authorization", h)]));
+        assert_eq!(name("Bearer ka"), "team-a");
+        assert_eq!(name("Bearer kb"), "team-b");
+        assert_eq!(name("Bearer plain"), "anonymous");
+        let anthropic = req(&[("x-api-key", "kb")]);
+        assert_eq!(client_name(&config, &anthropic), "team-b");
+        assert_eq!(name("Bearer nope"), "anonymous");
+        assert!(client_allowed(
+            &config,
+            &req(&[("authorization", "Bearer kb")])
+        ));
+        let twice: Config =
+            serde_yaml::from_str("api_keys: [{name: a, key: x}, {name: a, key: y}]").unwrap();
+        assert!(twice.validate().unwrap_err().contains("used twice"));
+        let anon: Config = serde_yaml::from_str("api_keys: [{name: anonymous, key: x}]").unwrap();
+        assert!(anon.validate().is_err());
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Entry<'a> {
     pub method: &'a str,
     pub endpoint: &'a str,
     pub model: Option<&'a str>,
+    /// The client's `api_keys` name, or `anonymous`.
+    pub key_name: Option<&'a str>,
     pub node: Option<&'a str>,
     pub score: Option<f64>,
     pub affinity: Option<&'a str>,
@@ -115,6 +117,7 @@ mod tests {
             method: "POST",
             endpoint: "/api/chat",
             model: Some("m:latest"),
+            key_name: Some("team-a"),
             node: Some("a"),
             score: Some(85.0),
             affinity: Some("hit"),
@@ -134,6 +137,7 @@ mod tests {
                 let v: serde_json::Value = serde_json::from_str(line).unwrap();
                 assert_eq!(v["node"], "a");
                 assert_eq!(v["affinity"], "hit");
+                assert_eq!(v["key_name"], "team-a");
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "line never written");

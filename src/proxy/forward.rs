@@ -22,7 +22,7 @@ use super::reply::{ReplyStats, Tail};
 use crate::config::{Config, Timeouts};
 use crate::fleet::{Fleet, Node};
 use crate::metrics::{Metrics, model_label};
-use crate::request::Profile;
+use crate::request::{ErrorShape, Profile};
 use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
 
 /// How long an idle pooled connection to a node is kept.
@@ -58,7 +58,7 @@ impl AttemptError {
     }
 }
 
-enum Wait<T> {
+pub(super) enum Wait<T> {
     Done(T),
     TimedOut,
     ClientGone,
@@ -239,7 +239,8 @@ impl Forwarder {
             };
             return Err(self.failed(attempt.router, dispatch, error));
         };
-        // A client key is corral's credential, not the node's.
+        // A client key is corral's credential, not the node's (`Authorization`, or
+        // Anthropic's `x-api-key`).
         let strip_auth = !attempt.router.config().api_keys.is_empty();
         let request = match upstream_request(session.req_header(), node, body.len(), strip_auth) {
             Ok(request) => request,
@@ -336,6 +337,66 @@ impl Forwarder {
                 .prompt_tokens_estimated
                 .with_label_values(labels)
                 .inc_by(u64::from(profile.prompt_tokens));
+        }
+    }
+
+    /// Sends one request to a node and reads its whole reply, for requests corral answers
+    /// from several replies (embedding fan-out). Not raced against the client: the
+    /// timeouts bound it. Replies past `max_reply` bytes fail.
+    pub(super) async fn fetch(
+        &self,
+        peer: &HttpPeer,
+        request: &RequestHeader,
+        body: &[u8],
+        timeouts: &Timeouts,
+        max_reply: usize,
+    ) -> Result<(u16, Bytes)> {
+        let (stream, _reused) = self.transport.get_stream(peer).await?;
+        let mut upstream = HttpSession::new_with_options(stream, peer);
+        write_request(&mut upstream, request, body).await?;
+        let timed_out =
+            |what: &str| Error::explain(ErrorType::ReadTimedout, format!("no {what} in time"));
+        tokio::time::timeout(timeouts.first_byte, upstream.read_resp_header_parts())
+            .await
+            .map_err(|_| timed_out("reply"))??;
+        let status = upstream.resp_header().map_or(0, |h| h.status.as_u16());
+        let mut reply = Vec::new();
+        while let Some(chunk) = tokio::time::timeout(timeouts.idle, upstream.read_body_bytes())
+            .await
+            .map_err(|_| timed_out("data"))??
+        {
+            if reply.len() + chunk.len() > max_reply {
+                return Error::e_explain(ErrorType::ReadError, "reply too large");
+            }
+            reply.extend_from_slice(&chunk);
+        }
+        if upstream.is_body_done() {
+            upstream.respect_keepalive();
+            if let Some(stream) = upstream.reuse().await {
+                self.transport
+                    .release_stream(stream, peer.reuse_hash(), Some(POOL_IDLE));
+            }
+        }
+        Ok((status, reply.into()))
+    }
+
+    /// Counts a reply's tokens under its client's key name.
+    pub fn book_usage(&self, client: &str, model: &str, usage: super::usage::TokenUsage) {
+        let client = if client.is_empty() {
+            crate::config::ANONYMOUS
+        } else {
+            client
+        };
+        let count = |kind: &str, n: u64| {
+            self.metrics
+                .client_tokens
+                .with_label_values(&[client, model, kind])
+                .inc_by(n)
+        };
+        count("prompt", usage.prompt);
+        count("completion", usage.completion);
+        if let Some(cached) = usage.cached {
+            count("cached", cached);
         }
     }
 
@@ -460,7 +521,8 @@ impl Forwarder {
             }
             dispatch.finish(Outcome::default());
             ctx.broken = true;
-            let Some(notice) = framing.error_notice(node.name(), reason) else {
+            let shape = reply.profile.endpoint.error_shape();
+            let Some(notice) = framing.error_notice(node.name(), reason, shape) else {
                 // A reply with a declared length cannot be ended cleanly: let the client
                 // see the connection drop rather than a short body.
                 return Err(Error::explain(
@@ -483,6 +545,12 @@ impl Forwarder {
         }
         if let Some(stats) = &stats {
             self.book_stats(stats, reply.profile, &labels);
+        }
+        if ok
+            && status < 400
+            && let Some(usage) = super::usage::find(tail.bytes())
+        {
+            self.book_usage(&ctx.client, &model, usage);
         }
         dispatch.finish(Outcome {
             ok,
@@ -554,7 +622,7 @@ struct Attempt<'a> {
 }
 
 /// The node's peer at its last resolved address; `None` while its name never resolved.
-fn peer(node: &Node, timeouts: &Timeouts) -> Option<HttpPeer> {
+pub(super) fn peer(node: &Node, timeouts: &Timeouts) -> Option<HttpPeer> {
     let addr = node.resolved()?.addr;
     let t = &node.target;
     let mut peer = HttpPeer::new(addr, t.tls, t.host.clone());
@@ -665,7 +733,10 @@ impl ReplyKind {
 
     /// The last words of a stream the node broke off, in the stream's own format, so that
     /// clients see an error rather than a reply that merely stopped.
-    fn error_notice(self, node: &str, reason: &str) -> Option<Bytes> {
+    /// `shape` picks the SSE error event of the endpoint's API: Anthropic's
+    /// `{"type":"error","error":{...}}`, the Responses API's `{"type":"error","message"...}`,
+    /// else OpenAI's chat shape.
+    fn error_notice(self, node: &str, reason: &str, shape: ErrorShape) -> Option<Bytes> {
         let message = format!("node {node} failed mid-reply: {reason}");
         match self {
             ReplyKind::NdJson => {
@@ -673,7 +744,20 @@ impl ReplyKind {
                 Some(Bytes::from(line))
             }
             ReplyKind::Sse => {
-                let data = serde_json::json!({ "error": { "message": message, "type": "upstream_error" } });
+                let data = match shape {
+                    ErrorShape::Anthropic => serde_json::json!({
+                        "type": "error",
+                        "error": { "type": "api_error", "message": message },
+                    }),
+                    _ => serde_json::json!({
+                        "type": "error",
+                        "code": "upstream_error",
+                        "message": message,
+                        "param": null,
+                        "sequence_number": 0,
+                        "error": { "message": message, "type": "upstream_error" },
+                    }),
+                };
                 Some(Bytes::from(format!("event: error\ndata: {data}\n\n")))
             }
             ReplyKind::Other => None,
@@ -682,7 +766,11 @@ impl ReplyKind {
 }
 
 /// Runs `work` unless the client goes away or `limit` passes first.
-async fn race<T>(session: &mut Session, limit: Duration, work: impl Future<Output = T>) -> Wait<T> {
+pub(super) async fn race<T>(
+    session: &mut Session,
+    limit: Duration,
+    work: impl Future<Output = T>,
+) -> Wait<T> {
     let gone = session.as_downstream_mut().read_body_or_idle(true);
     tokio::select! {
         // Work first: once a reply with a declared length is written the client may send
@@ -714,7 +802,7 @@ async fn write_request(
 }
 
 /// The client's request as the node should see it.
-fn upstream_request(
+pub(super) fn upstream_request(
     client: &RequestHeader,
     node: &Node,
     body_len: usize,

@@ -64,7 +64,12 @@ impl ClientConnections {
 
     /// Answers a refused head, counts it and logs it, then closes the connection.
     async fn refuse(&self, mut stream: Stream, refusal: Refusal, started: Instant) {
-        let body = super::respond::error_body(&refusal.message);
+        // A malformed head has no trustworthy path: Ollama's shape.
+        let body = super::respond::error_body(
+            crate::request::ErrorShape::Ollama,
+            refusal.status,
+            &refusal.message,
+        );
         let reason = http::StatusCode::from_u16(refusal.status)
             .ok()
             .and_then(|s| s.canonical_reason())

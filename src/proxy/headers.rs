@@ -46,7 +46,8 @@ fn connection_named(headers: &http::HeaderMap) -> Vec<String> {
 
 /// The client's request as a node should see it: the same method, path and end-to-end
 /// headers, less the hop-by-hop ones, the router's own `X-Fleet-*` (a client must not be able
-/// to forge them) and, when corral checked the client's key itself, `Authorization`; with the
+/// to forge them) and, when corral checked the client's key itself, the key (`Authorization`,
+/// or Anthropic clients' `x-api-key`); with the
 /// node's `host` and the exact length of the body corral sends.
 pub fn upstream_request(
     client: &RequestHeader,
@@ -66,7 +67,7 @@ pub fn upstream_request(
         if is_hop_by_hop(n, &named)
             || REFRAMED_REQUEST.contains(&n)
             || n.starts_with("x-fleet-")
-            || (strip_auth && n == "authorization")
+            || (strip_auth && (n == "authorization" || n == "x-api-key"))
         {
             continue;
         }
@@ -163,13 +164,14 @@ mod tests {
             ("X-Fleet-Node", "forged"),
             ("x-fleet-explain", "1"),
             ("Authorization", "Bearer k"),
+            ("x-api-key", "k"),
             ("Host", "router:11435"),
             ("Content-Length", "999"),
         ]);
         let kept = upstream_request(&req, "n:1", 3, false).unwrap();
         assert_eq!(
             names(&kept.headers),
-            ["authorization", "content-length", "host"]
+            ["authorization", "content-length", "host", "x-api-key"]
         );
         assert_eq!(kept.headers["host"], "n:1");
         assert_eq!(kept.headers["content-length"], "3");

@@ -30,6 +30,28 @@ pub fn openai_models(fleet: &Fleet) -> Value {
     json!({ "object": "list", "data": data })
 }
 
+/// `/v1/models/{model}`: one model of the fleet's union, in OpenAI's shape.
+pub fn openai_model(fleet: &Fleet, name: &str) -> Option<Value> {
+    let wanted = normalize_model(name);
+    let models = openai_models(fleet);
+    models["data"]
+        .as_array()?
+        .iter()
+        .find(|m| {
+            m["id"]
+                .as_str()
+                .is_some_and(|id| normalize_model(id) == wanted)
+        })
+        .cloned()
+}
+
+/// `/api/status`: Ollama reports whether its cloud models and web tools are turned off.
+/// corral routes only to models on its nodes' disks and does not forward the web tools, so
+/// for a client of corral they are off, by corral's configuration.
+pub fn status() -> Value {
+    json!({ "cloud": { "disabled": true, "source": "config" } })
+}
+
 /// `/api/version`: the oldest version among healthy nodes, since a client can rely only on
 /// what every node it may land on supports.
 pub fn version(fleet: &Fleet) -> Value {

@@ -7,12 +7,14 @@
 mod access;
 mod access_log;
 mod body;
+mod fanout;
 mod forward;
 mod head;
 mod headers;
 mod local;
 mod reply;
 mod respond;
+mod usage;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -28,7 +30,8 @@ use pingora_proxy::{ProxyHttp, Session};
 
 use crate::config::Config;
 use crate::metrics::{Metrics, model_label};
-use crate::request::{Endpoint, Profile, Route};
+use crate::request::session::{header_session as session_header, session_hash};
+use crate::request::{Endpoint, Profile, Route, form_field};
 use crate::routing::Router;
 pub use access::{bearer, same_secret};
 pub use access_log::AccessLog;
@@ -67,6 +70,8 @@ pub struct RequestCtx {
     pub client_gone: bool,
     /// The node broke off its reply after it had begun.
     pub broken: bool,
+    /// The client's `api_keys` name, or `anonymous`: usage is counted under it.
+    pub client: String,
 }
 
 impl Corral {
@@ -94,6 +99,7 @@ impl Corral {
             let message = "a valid API key is required: Authorization: Bearer <key>";
             return respond::error(session, 401, message, &challenge).await;
         }
+        ctx.client = access::client_name(&config, session.req_header());
         let fleet = &self.router.fleet;
         let (status, result) = match route {
             Route::Model(endpoint) => return self.route_model(session, ctx, endpoint).await,
@@ -118,6 +124,22 @@ impl Corral {
                 200,
                 respond::json(session, 200, &local::openai_models(fleet)).await,
             ),
+            Route::OpenAiModel => {
+                let path = session.req_header().uri.path().to_string();
+                let name = path.trim_end_matches('/').trim_start_matches("/v1/models/");
+                match local::openai_model(fleet, name) {
+                    Some(model) => (200, respond::json(session, 200, &model).await),
+                    None => {
+                        let message = format!("model '{name}' not found");
+                        (404, respond::error(session, 404, &message, &[]).await)
+                    }
+                }
+            }
+            Route::Status => (200, respond::json(session, 200, &local::status()).await),
+            Route::Experimental => {
+                let message = "corral does not serve /api/experimental/*: they act through one node's ollama.com account; call a node directly";
+                (404, respond::error(session, 404, message, &[]).await)
+            }
             Route::Management => return self.manage(session, ctx, &config).await,
             Route::WrongMethod(allowed) => {
                 let message = format!("method not allowed: use {allowed}");
@@ -250,18 +272,61 @@ impl Corral {
                 return respond::error(session, e.status(), &e.to_string(), &[]).await;
             }
         };
-        let profile = match Profile::parse(endpoint, &body) {
+        let parsed = if endpoint == Endpoint::Transcriptions {
+            transcription_profile(session, &body)
+        } else {
+            Profile::parse(endpoint, &body).map_err(|e| e.to_string())
+        };
+        let mut profile = match parsed {
             Ok(p) => p,
-            Err(e) => {
+            Err(message) => {
                 ctx.status = 400;
-                return respond::error(session, 400, &e.to_string(), &[]).await;
+                return respond::error(session, 400, &message, &[]).await;
             }
         };
+        if profile.session.is_none() {
+            let headers = &session.req_header().headers;
+            profile.session = session_header(headers, &config.session_headers)
+                .map(|key| session_hash(&profile.model_key, key));
+        }
         ctx.model = Some(profile.model_key.clone());
+        if matches!(endpoint, Endpoint::Embed | Endpoint::OpenAiEmbeddings)
+            && let Some(batch) = fanout::Batch::split(&body, config.embed_fanout.chunk_size)
+            && let Ok(decision) = self.router.decide(&profile)
+            && let Some(spread) = fanout::spread(&decision, config.embed_fanout.max_nodes)
+        {
+            drop(decision);
+            return fanout::serve(
+                &self.forwarder,
+                &self.router,
+                session,
+                ctx,
+                &profile,
+                batch,
+                spread,
+            )
+            .await;
+        }
         self.forwarder
             .forward(&self.router, session, ctx, &body, &profile)
             .await
     }
+}
+
+/// A transcription's profile: its model is the multipart form's `model` field.
+fn transcription_profile(session: &Session, body: &[u8]) -> std::result::Result<Profile, String> {
+    let content_type = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let model = form_field(content_type, body, "model")
+        .and_then(|m| std::str::from_utf8(m).ok())
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .ok_or("model is required: a multipart/form-data body with a model field")?;
+    Ok(Profile::transcription(model))
 }
 
 /// One request counted against its client; given back on drop.
@@ -352,6 +417,7 @@ impl ProxyHttp for Corral {
                 method: req.method.as_str(),
                 endpoint: req.uri.path(),
                 model: ctx.model.as_deref(),
+                key_name: (!ctx.client.is_empty()).then_some(ctx.client.as_str()),
                 node,
                 score: ctx.score,
                 affinity: ctx.affinity,

@@ -31,6 +31,11 @@ impl Tail {
         }
     }
 
+    /// The bytes kept: the end of the reply.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// The last complete JSON object: the last NDJSON line, the last SSE `data:` event that
     /// is not `[DONE]`, or the whole body of a plain JSON reply.
     pub fn last_object(&self) -> Option<&[u8]> {

@@ -1,9 +1,13 @@
-//! Replies corral writes itself: JSON errors shaped like Ollama's, and small JSON documents.
+//! Replies corral writes itself: JSON errors shaped as the API of the request's path
+//! expects (Ollama's, OpenAI's or Anthropic's), and small JSON documents.
 
 use bytes::Bytes;
 use pingora_core::Result;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
+use serde_json::json;
+
+use crate::request::ErrorShape;
 
 /// Writes a complete response with a body.
 pub async fn send(
@@ -41,24 +45,50 @@ pub async fn json(session: &mut Session, status: u16, value: &serde_json::Value)
     .await
 }
 
-/// `{"error": "..."}` with the given status, as Ollama answers errors.
+/// An error with the given status, in the shape the path's API answers errors with
+/// (`{"error": "..."}` on Ollama's own paths).
 pub async fn error(
     session: &mut Session,
     status: u16,
     message: &str,
     extra: &[(&'static str, String)],
 ) -> Result<()> {
+    let shape = ErrorShape::of_path(session.req_header().uri.path());
     send(
         session,
         status,
         "application/json; charset=utf-8",
-        error_body(message).into(),
+        error_body(shape, status, message).into(),
         extra,
     )
     .await
 }
 
-/// The body of an error: `{"error": "..."}`.
-pub fn error_body(message: &str) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({ "error": message })).unwrap_or_default()
+/// The body of an error, as Ollama writes it for each API (`openai.NewError`,
+/// `anthropic.NewError`).
+pub fn error_body(shape: ErrorShape, status: u16, message: &str) -> Vec<u8> {
+    let value = match shape {
+        ErrorShape::Ollama => json!({ "error": message }),
+        ErrorShape::OpenAi => {
+            let kind = match status {
+                400 => "invalid_request_error",
+                404 => "not_found_error",
+                _ => "api_error",
+            };
+            json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
+        }
+        ErrorShape::Anthropic => {
+            let kind = match status {
+                400 | 413 => "invalid_request_error",
+                401 => "authentication_error",
+                403 => "permission_error",
+                404 => "not_found_error",
+                429 => "rate_limit_error",
+                503 | 529 => "overloaded_error",
+                _ => "api_error",
+            };
+            json!({ "type": "error", "error": { "type": kind, "message": message } })
+        }
+    };
+    serde_json::to_vec(&value).unwrap_or_default()
 }

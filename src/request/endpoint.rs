@@ -13,6 +13,12 @@ pub enum Endpoint {
     OpenAiChat,
     OpenAiCompletions,
     OpenAiEmbeddings,
+    /// OpenAI's Responses API (`input`, `instructions`), as Ollama serves it.
+    OpenAiResponses,
+    /// Anthropic's Messages API (`system`, content blocks), as Ollama serves it.
+    AnthropicMessages,
+    /// OpenAI's audio transcription: a multipart form, the model in its `model` field.
+    Transcriptions,
     /// Pull, push, create, copy, delete and blob uploads, sent to the node a client names.
     Manage,
 }
@@ -26,6 +32,12 @@ pub enum Route {
     Tags,
     /// `GET /v1/models`: the same, shaped as OpenAI's model list.
     OpenAiModels,
+    /// `GET /v1/models/{model}`: one model of that list, or 404.
+    OpenAiModel,
+    /// `GET /api/status`: answered by corral (cloud use is not routed).
+    Status,
+    /// `/api/experimental/*`: not served (they act through one node's ollama.com account).
+    Experimental,
     /// `GET /api/ps`: models resident across the healthy fleet.
     Ps,
     Version,
@@ -49,6 +61,9 @@ impl Endpoint {
             Endpoint::OpenAiChat => "/v1/chat/completions",
             Endpoint::OpenAiCompletions => "/v1/completions",
             Endpoint::OpenAiEmbeddings => "/v1/embeddings",
+            Endpoint::OpenAiResponses => "/v1/responses",
+            Endpoint::AnthropicMessages => "/v1/messages",
+            Endpoint::Transcriptions => "/v1/audio/transcriptions",
             Endpoint::Manage => "management",
         }
     }
@@ -56,7 +71,11 @@ impl Endpoint {
     /// The request class matched against node roles.
     pub fn class(self) -> &'static str {
         match self {
-            Endpoint::Chat | Endpoint::OpenAiChat => "chat",
+            Endpoint::Chat
+            | Endpoint::OpenAiChat
+            | Endpoint::OpenAiResponses
+            | Endpoint::AnthropicMessages => "chat",
+            Endpoint::Transcriptions => "transcribe",
             Endpoint::Generate | Endpoint::OpenAiCompletions => "generate",
             Endpoint::Embed | Endpoint::Embeddings | Endpoint::OpenAiEmbeddings => "embed",
             Endpoint::Show => "show",
@@ -73,8 +92,21 @@ impl Endpoint {
     pub fn is_openai(self) -> bool {
         matches!(
             self,
-            Endpoint::OpenAiChat | Endpoint::OpenAiCompletions | Endpoint::OpenAiEmbeddings
+            Endpoint::OpenAiChat
+                | Endpoint::OpenAiCompletions
+                | Endpoint::OpenAiEmbeddings
+                | Endpoint::OpenAiResponses
+                | Endpoint::Transcriptions
         )
+    }
+
+    /// The shape of an error this endpoint's clients parse.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            Endpoint::AnthropicMessages => ErrorShape::Anthropic,
+            e if e.is_openai() => ErrorShape::OpenAi,
+            _ => ErrorShape::Ollama,
+        }
     }
 
     /// Whether the endpoint generates text, and so uses a slot and its prefix cache.
@@ -85,7 +117,31 @@ impl Endpoint {
                 | Endpoint::Generate
                 | Endpoint::OpenAiChat
                 | Endpoint::OpenAiCompletions
+                | Endpoint::OpenAiResponses
+                | Endpoint::AnthropicMessages
         )
+    }
+}
+
+/// How an API spells an error: Ollama's `{"error": "..."}`, OpenAI's
+/// `{"error": {"message", "type", "param", "code"}}`, Anthropic's
+/// `{"type": "error", "error": {"type", "message"}}` (Ollama's `openai/openai.go` and
+/// `anthropic/anthropic.go`, `NewError`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorShape {
+    Ollama,
+    OpenAi,
+    Anthropic,
+}
+
+impl ErrorShape {
+    /// The error shape of a request's path, for answers given before its body is read.
+    pub fn of_path(path: &str) -> ErrorShape {
+        match path.trim_end_matches('/') {
+            "/v1/messages" => ErrorShape::Anthropic,
+            p if p.starts_with("/v1/") => ErrorShape::OpenAi,
+            _ => ErrorShape::Ollama,
+        }
     }
 }
 
@@ -96,6 +152,9 @@ impl Route {
             Route::Model(e) => e.path(),
             Route::Tags => "/api/tags",
             Route::OpenAiModels => "/v1/models",
+            Route::OpenAiModel => "/v1/models/{model}",
+            Route::Status => "/api/status",
+            Route::Experimental => "/api/experimental",
             Route::Ps => "/api/ps",
             Route::Version => "/api/version",
             Route::Root => "/",
@@ -115,6 +174,9 @@ impl Route {
             "/v1/chat/completions" => Some(Endpoint::OpenAiChat),
             "/v1/completions" => Some(Endpoint::OpenAiCompletions),
             "/v1/embeddings" => Some(Endpoint::OpenAiEmbeddings),
+            "/v1/responses" => Some(Endpoint::OpenAiResponses),
+            "/v1/messages" => Some(Endpoint::AnthropicMessages),
+            "/v1/audio/transcriptions" => Some(Endpoint::Transcriptions),
             _ => None,
         };
         let is_get = method == Method::GET || method == Method::HEAD;
@@ -131,6 +193,9 @@ impl Route {
             "/api/ps" => Route::Ps,
             "/api/version" => Route::Version,
             "/v1/models" => Route::OpenAiModels,
+            "/api/status" => Route::Status,
+            _ if path.starts_with("/v1/models/") => Route::OpenAiModel,
+            _ if path.starts_with("/api/experimental/") => return Route::Experimental,
             "/api/pull" | "/api/push" | "/api/create" | "/api/copy" | "/api/delete" => {
                 return Route::Management;
             }
@@ -173,6 +238,35 @@ mod tests {
         assert_eq!(Route::of(&Method::DELETE, "/api/delete"), Route::Management);
         assert_eq!(Route::of(&Method::POST, "/api/pull"), Route::Management);
         assert_eq!(Route::of(&Method::GET, "/nope"), Route::NotFound);
+    }
+
+    #[test]
+    fn routes_of_current_ollama() {
+        for (path, endpoint) in [
+            ("/v1/responses", Endpoint::OpenAiResponses),
+            ("/v1/messages", Endpoint::AnthropicMessages),
+            ("/v1/audio/transcriptions", Endpoint::Transcriptions),
+        ] {
+            assert_eq!(Route::of(&Method::POST, path), Route::Model(endpoint));
+        }
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/models/llama3:8b"),
+            Route::OpenAiModel
+        );
+        assert_eq!(Route::of(&Method::HEAD, "/api/tags"), Route::Tags);
+        assert_eq!(Route::of(&Method::HEAD, "/api/version"), Route::Version);
+        assert_eq!(Route::of(&Method::GET, "/api/status"), Route::Status);
+        assert_eq!(
+            Route::of(&Method::POST, "/api/experimental/web_search"),
+            Route::Experimental
+        );
+        assert_eq!(
+            Endpoint::AnthropicMessages.error_shape(),
+            ErrorShape::Anthropic
+        );
+        assert_eq!(Endpoint::OpenAiResponses.error_shape(), ErrorShape::OpenAi);
+        assert_eq!(Endpoint::Chat.error_shape(), ErrorShape::Ollama);
+        assert!(!Endpoint::Transcriptions.generates());
     }
 
     #[test]

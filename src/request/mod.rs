@@ -2,8 +2,11 @@
 
 mod conversation;
 mod endpoint;
+mod multipart;
 mod profile;
+pub mod session;
 
 pub use conversation::{PrefixChain, prompt_chain};
-pub use endpoint::{Endpoint, Route};
+pub use endpoint::{Endpoint, ErrorShape, Route};
+pub use multipart::form_field;
 pub use profile::{Profile, ProfileError, normalize_model};

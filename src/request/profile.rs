@@ -5,6 +5,7 @@ use serde_json::value::RawValue;
 
 use super::conversation::{PrefixChain, prompt_chain};
 use super::endpoint::Endpoint;
+use super::session::session_hash;
 
 /// A rough count used by every tokenizer-free router: four bytes of text per token.
 const BYTES_PER_TOKEN: usize = 4;
@@ -32,6 +33,10 @@ pub struct Profile {
     pub follow_up: bool,
     /// Stable across a conversation's turns: the hash of its first boundary. Breaks ties.
     pub conversation: u64,
+    /// A session key the client sent (OpenAI's `prompt_cache_key`, Anthropic's
+    /// `metadata.user_id`, or a session header): pins the conversation to a node, ahead of
+    /// its prefix chain (see [`super::session`]).
+    pub session: Option<u64>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -73,6 +78,33 @@ struct Body<'a> {
     images: Option<Vec<&'a RawValue>>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    /// Responses API: a system message ahead of `input`.
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    /// OpenAI's cache routing hint (chat completions and Responses).
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<&'a RawValue>,
+    /// Anthropic's `metadata.user_id`; other APIs use `metadata` for other things.
+    #[serde(borrow, default)]
+    metadata: Option<&'a RawValue>,
+}
+
+/// One item of a Responses API `input` list: a message (`role`, `content`), or another item
+/// (function call, its output...) hashed whole.
+#[derive(Deserialize)]
+struct InputItem<'a> {
+    #[serde(borrow, default)]
+    role: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct AnthropicMetadata {
+    #[serde(default)]
+    user_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -112,14 +144,30 @@ impl Profile {
         let mut text_bytes = 0usize;
         let mut images = 0u32;
         let mut follow_up = false;
-        if let Some(messages) = &parsed.messages {
+        // Anthropic's `system` and the Responses API's `instructions` open the conversation.
+        let leading_system = match endpoint {
+            Endpoint::AnthropicMessages => parsed.system,
+            Endpoint::OpenAiResponses => parsed.instructions,
+            _ => None,
+        };
+        if let Some(system) = leading_system {
+            text_bytes += system.get().len();
+            chain.push(&[b"system", system.get().as_bytes(), b""]);
+        }
+        if endpoint == Endpoint::OpenAiResponses {
+            let input = parsed.input.map(RawValue::get).unwrap_or("null");
+            text_bytes += input.len();
+            images = saturating_u32(input.matches("\"input_image\"").count());
+            follow_up = responses_input_chain(input, &mut chain)?;
+        } else if let Some(messages) = &parsed.messages {
             for m in messages {
                 let content = m.content.map_or("", RawValue::get);
                 let tools = m.tool_calls.map_or("", RawValue::get);
                 text_bytes += content.len() + tools.len();
                 let message_images = m.images.as_ref().map_or(0, Vec::len);
-                // OpenAI carries images as content parts.
-                let parts = content.matches("\"image_url\"").count();
+                // OpenAI and Anthropic carry images as content parts.
+                let parts =
+                    content.matches("\"image_url\"").count() + content.matches("\"image\"").count();
                 images = images.saturating_add(saturating_u32(message_images + parts));
                 follow_up |= m.role == "assistant";
                 if endpoint.generates() {
@@ -140,9 +188,10 @@ impl Profile {
         if let Some(top) = &parsed.images {
             images = images.saturating_add(saturating_u32(top.len()));
         }
-        if let Some(input) = parsed.input {
+        if let (Some(input), false) = (parsed.input, endpoint == Endpoint::OpenAiResponses) {
             text_bytes += input.get().len();
         }
+        let session = explicit_session(endpoint, &parsed).map(|key| session_hash(&model_key, &key));
         let prompt_tokens = saturating_u32(text_bytes.div_ceil(BYTES_PER_TOKEN))
             .saturating_add(images.saturating_mul(TOKENS_PER_IMAGE));
         let conversation = chain.hashes.get(1).copied().unwrap_or(chain.last());
@@ -157,8 +206,81 @@ impl Profile {
             chain,
             follow_up,
             conversation,
+            session,
         })
     }
+
+    /// The profile of an audio transcription: the model comes from the multipart form, and
+    /// audio has no prefix to keep warm.
+    pub fn transcription(model: &str) -> Profile {
+        let model_key = normalize_model(model);
+        let chain = PrefixChain::start(&model_key);
+        Profile {
+            endpoint: Endpoint::Transcriptions,
+            model: model.to_string(),
+            conversation: chain.last(),
+            model_key,
+            stream: false,
+            num_ctx: None,
+            prompt_tokens: 0,
+            images: 0,
+            chain,
+            follow_up: false,
+            session: None,
+        }
+    }
+}
+
+/// Extends the chain by the Responses API's `input`: a string is one user message; a list
+/// has one boundary per item. True when the input carries an earlier reply (an assistant
+/// message, a function call or its output).
+fn responses_input_chain(input: &str, chain: &mut PrefixChain) -> Result<bool, ProfileError> {
+    let invalid = |e: serde_json::Error| ProfileError::Invalid(format!("input: {e}"));
+    let first = input.trim_start().as_bytes().first().copied();
+    match first {
+        Some(b'"') => {
+            chain.push(&[b"user", input.as_bytes(), b""]);
+            Ok(false)
+        }
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(input).map_err(invalid)?;
+            let mut follow_up = false;
+            for raw in items {
+                let item: InputItem = serde_json::from_str(raw.get()).map_err(invalid)?;
+                let role = item.role.as_deref().unwrap_or_default();
+                let kind = item.kind.as_deref().unwrap_or("message");
+                follow_up |= role == "assistant" || kind != "message";
+                // A message hashes as a chat message does; other items whole.
+                match item.content {
+                    Some(content) => chain.push(&[role.as_bytes(), content.get().as_bytes(), b""]),
+                    None => chain.push(&[kind.as_bytes(), raw.get().as_bytes(), b""]),
+                }
+            }
+            Ok(follow_up)
+        }
+        Some(b'n') | None => Ok(false),
+        _ => Err(ProfileError::Invalid(
+            "input must be a string or a list of items".into(),
+        )),
+    }
+}
+
+/// The session key a body carries: `prompt_cache_key` (OpenAI), or `metadata.user_id` on
+/// the Anthropic endpoint. Keys that are not strings, or are empty, are ignored.
+fn explicit_session(endpoint: Endpoint, body: &Body) -> Option<String> {
+    let non_empty = |s: String| (!s.trim().is_empty()).then_some(s);
+    if let Some(key) = body
+        .prompt_cache_key
+        .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+        .and_then(non_empty)
+    {
+        return Some(key);
+    }
+    if endpoint != Endpoint::AnthropicMessages {
+        return None;
+    }
+    let metadata: AnthropicMetadata = serde_json::from_str(body.metadata?.get()).ok()?;
+    metadata.user_id.and_then(non_empty)
 }
 
 impl Profile {
@@ -176,6 +298,7 @@ impl Profile {
             chain: PrefixChain::default(),
             follow_up: false,
             conversation: 0,
+            session: None,
         }
     }
 }
@@ -324,6 +447,67 @@ mod tests {
         let p = Profile::parse(Endpoint::Generate, body.as_bytes()).unwrap();
         assert_eq!(p.images, 7_500_000);
         assert_eq!(p.prompt_tokens, u32::MAX);
+    }
+
+    #[test]
+    fn explicit_session_keys_from_the_body() {
+        let p = Profile::parse(
+            Endpoint::OpenAiChat,
+            br#"{"model":"m","prompt_cache_key":"k","messages":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.session, Some(session_hash("m:latest", "k")));
+        let body = br#"{"model":"m","metadata":{"user_id":"u"},"messages":[]}"#;
+        let anthropic = Profile::parse(Endpoint::AnthropicMessages, body).unwrap();
+        assert_eq!(anthropic.session, Some(session_hash("m:latest", "u")));
+        // OpenAI's metadata is free-form: not a session key there.
+        assert_eq!(
+            Profile::parse(Endpoint::OpenAiChat, body).unwrap().session,
+            None
+        );
+        let odd = br#"{"model":"m","prompt_cache_key":5,"metadata":[1],"messages":[]}"#;
+        assert_eq!(
+            Profile::parse(Endpoint::AnthropicMessages, odd)
+                .unwrap()
+                .session,
+            None
+        );
+    }
+
+    #[test]
+    fn responses_and_anthropic_chains_match_native_chat() {
+        let native = chat(
+            r#"{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hi"}]}"#,
+        );
+        let anthropic = Profile::parse(
+            Endpoint::AnthropicMessages,
+            br#"{"model":"m","system":"sys","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .unwrap();
+        let responses = Profile::parse(
+            Endpoint::OpenAiResponses,
+            br#"{"model":"m","instructions":"sys","input":"hi"}"#,
+        )
+        .unwrap();
+        let items = Profile::parse(
+            Endpoint::OpenAiResponses,
+            br#"{"model":"m","instructions":"sys","input":[{"role":"user","content":"hi"},
+              {"type":"message","role":"assistant","content":"yo"},{"role":"user","content":"and?"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(anthropic.chain, native.chain);
+        assert_eq!(responses.chain, native.chain);
+        assert_eq!(items.chain.hashes[..3], native.chain.hashes[..]);
+        assert!(items.follow_up && !responses.follow_up);
+        let image = Profile::parse(
+            Endpoint::AnthropicMessages,
+            br#"{"model":"m","messages":[{"role":"user","content":[
+              {"type":"image","source":{"type":"base64","data":"aGk="}},{"type":"text","text":"what?"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(image.images, 1);
+        assert!(!responses.stream, "Responses streams only when asked");
+        assert!(Profile::parse(Endpoint::OpenAiResponses, br#"{"model":"m","input":5}"#).is_err());
     }
 
     #[test]

@@ -25,6 +25,8 @@ use crate::request::Profile;
 pub struct Router {
     pub fleet: Arc<Fleet>,
     pub affinity: AffinityTable,
+    /// Explicit session keys (see `request::session`) to the node that last served them.
+    pub sessions: AffinityTable,
     /// The configuration in force; replaced whole on reload.
     config: ArcSwap<Config>,
     next_lineage: AtomicU64,
@@ -156,6 +158,9 @@ impl Router {
         Router {
             fleet,
             affinity: AffinityTable::new(config.affinity.capacity, config.affinity.ttl),
+            // One entry per keyed session, where prefixes take about two per conversation,
+            // and the table reserves its capacity up front: a quarter is room enough.
+            sessions: AffinityTable::new(config.affinity.capacity / 4, config.affinity.ttl),
             config: ArcSwap::from_pointee(config.clone()),
             next_lineage: AtomicU64::new(1),
             slot_freed: Notify::new(),
@@ -228,6 +233,13 @@ impl Router {
         // than refuse a request that a node might still serve (the check may be stale).
         let standby = |n: &Node| !self.fleet.is_healthy(n) || !n.breaker.lock().admits();
         let (pin, went_cold) = self.find_pin(p);
+        // An explicit session key names the node ahead of the prefix chain; the chain still
+        // says what is warm there (`pin`, for hit or miss and the slot mirror).
+        let pinned_node = p
+            .session
+            .and_then(|key| self.sessions.get(key))
+            .map(|entry| entry.node)
+            .or(pin.map(|pin| pin.node));
         let model = p.model_key.as_str();
         let need = model_size(&nodes, model);
         let best = best_speed(&nodes, model);
@@ -268,7 +280,7 @@ impl Router {
                 too_large = true;
                 continue;
             };
-            let warmth = if pin.is_some_and(|pin| pin.node == node.id) {
+            let warmth = if pinned_node == Some(node.id) {
                 Warmth::HoldsPrefix
             } else if p.endpoint.generates() && state.new_conversation_displaces {
                 Warmth::WouldDisplace
@@ -394,6 +406,13 @@ impl Router {
     pub fn commit(&self, dispatch: &mut Dispatch, p: &Profile, decision: &Decision) {
         if !p.endpoint.generates() || dispatch.slot.is_some() {
             return;
+        }
+        if let Some(key) = p.session {
+            let entry = Entry {
+                node: dispatch.node.id,
+                lineage: 0,
+            };
+            self.sessions.insert(key, entry);
         }
         let node = &dispatch.node;
         let now = Instant::now();

@@ -22,7 +22,7 @@ use super::node::Node;
 use super::parse::json_body;
 use super::residency::Resident;
 use super::server::ConnControl;
-use super::{ollama, openai};
+use super::{compat, ollama, openai};
 
 /// Largest request body accepted: long conversations and base64 images are big, and the
 /// router must be tested with bodies far above Pingora's 64 KiB replay buffer.
@@ -34,8 +34,8 @@ const VERSION: &str = "0.5.7-standin";
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/", get(root))
-        .route("/api/version", get(version))
-        .route("/api/tags", get(tags))
+        .route("/api/version", get(version).head(version))
+        .route("/api/tags", get(tags).head(tags))
         .route("/api/ps", get(ps))
         .route("/api/show", post(show))
         .route("/api/chat", post(ollama::chat))
@@ -47,6 +47,9 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
+        .route("/v1/responses", post(compat::responses))
+        .route("/v1/messages", post(compat::messages))
+        .route("/v1/audio/transcriptions", post(compat::transcriptions))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(Arc::clone(&node), faults))

@@ -33,7 +33,12 @@ pub async fn embed(node: &Node, job: EmbedJob) -> Result<Embedded, StandinError>
     let started = Instant::now();
     let model = node.model_for(&job.model, Capability::Embed)?;
     let want = node.want(model, job.num_ctx, job.keep_alive);
+    let embedding_only = want.model.is_embedding_only();
     let lease = node.residency.acquire(&want).await?;
+    let _turn = match embedding_only {
+        true => Some(node.embedding_turn(&want.model.name).await),
+        false => None,
+    };
     let prompt_tokens = job.inputs.iter().map(|i| tokens_in(i.len())).sum();
     node.record(ServedRequest {
         endpoint: job.path.to_string(),

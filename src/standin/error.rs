@@ -62,6 +62,23 @@ impl StandinError {
     }
 }
 
+impl StandinError {
+    /// Anthropic's shape, as Ollama's `/v1/messages` writes it (`anthropic.NewError`).
+    pub fn anthropic(self) -> Response {
+        let kind = match self.status.as_u16() {
+            400 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        };
+        let body = json!({ "type": "error", "error": { "type": kind, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
 impl std::fmt::Display for StandinError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}", self.status.as_u16(), self.message)

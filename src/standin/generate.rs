@@ -151,6 +151,8 @@ pub fn output_tokens(asked: Option<i64>, default: u32) -> u32 {
 fn openai_id(api: Api, n: u64) -> String {
     match api {
         Api::OpenAiCompletion => format!("cmpl-{n}"),
+        Api::Responses => format!("resp_{n}"),
+        Api::AnthropicMessages => format!("msg_{n}"),
         _ => format!("chatcmpl-{n}"),
     }
 }

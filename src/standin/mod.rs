@@ -23,6 +23,7 @@
 mod api;
 mod catalog;
 mod clock;
+mod compat;
 mod config;
 mod embed;
 mod error;

@@ -20,6 +20,8 @@ pub struct Node {
     fault: watch::Sender<Fault>,
     log: Mutex<Vec<ServedRequest>>,
     ids: AtomicU64,
+    /// One embedding at a time per embedding model (see [`Node::embedding_turn`]).
+    embed_lines: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// What kind of work a request asks of a model, to refuse chat with an embedding model.
@@ -39,7 +41,21 @@ impl Node {
             fault: watch::Sender::new(Fault::None),
             log: Mutex::new(Vec::new()),
             ids: AtomicU64::new(0),
+            embed_lines: Mutex::default(),
         }))
+    }
+
+    /// Waits for the model's turn to embed. Ollama loads embedding models with one
+    /// parallel slot (`server/sched.go`: "Embedding models should always be loaded with
+    /// parallel=1"), so their requests run one after another.
+    pub async fn embedding_turn(&self, model: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let line = self
+            .embed_lines
+            .lock()
+            .entry(model.to_string())
+            .or_default()
+            .clone();
+        line.lock_owned().await
     }
 
     pub fn fault(&self) -> Fault {

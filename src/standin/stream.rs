@@ -67,7 +67,9 @@ fn cut_whole(json: Bytes, cut_after: u32) -> impl futures::Stream<Item = io::Res
 
 /// A streamed reply: one chunk per token, then the trailer chunks.
 fn streamed_body(generation: Generation) -> Body {
+    let opening = generation.wire.opening().into();
     let decoder = Decoder {
+        opening,
         wire: generation.wire.clone(),
         cut_after: generation.cut_after,
         next_token_at: Instant::now() + generation.decode_per_token,
@@ -88,6 +90,8 @@ struct Decoder {
     next: usize,
     /// Deadline of the next token, so timing does not drift with scheduling delays.
     next_token_at: Instant,
+    /// Events some APIs send before the first token, sent at once.
+    opening: VecDeque<Bytes>,
     /// Trailer chunks still to send once decoding is over.
     tail: VecDeque<Bytes>,
     sent: u32,
@@ -113,17 +117,22 @@ impl Decoder {
 
     /// The next token once its decode time has come, else the next trailer chunk.
     async fn next_chunk(&mut self) -> Option<Bytes> {
+        if let Some(opening) = self.opening.pop_front() {
+            return Some(opening);
+        }
         if let Some(generation) = &self.generation {
             if let Some(token) = generation.tokens.get(self.next) {
-                let chunk = self.wire.token(token);
+                let chunk = self.wire.token_at(self.next, token);
                 tokio::time::sleep_until(self.next_token_at).await;
                 self.next += 1;
                 self.next_token_at += generation.decode_per_token;
                 return Some(chunk);
             }
             if let Some(generation) = self.generation.take() {
+                let text = generation.tokens.concat();
+                let tokens = generation.tokens.len();
                 let stats = generation.finish();
-                self.tail = self.wire.trailer(&stats).into();
+                self.tail = self.wire.trailer_of(&stats, &text, tokens).into();
             }
         }
         self.tail.pop_front()

@@ -10,17 +10,22 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::clock::now_rfc3339;
+use super::compat::CompatWire;
 use super::error::StandinError;
 use super::node::Capability;
 use super::prompt::render_chat_reply;
 
-/// The four generating endpoints.
+/// The generating endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Api {
     OllamaChat,
     OllamaGenerate,
     OpenAiChat,
     OpenAiCompletion,
+    /// The APIs of [`super::compat`].
+    Responses,
+    AnthropicMessages,
+    Transcription,
 }
 
 impl Api {
@@ -30,12 +35,19 @@ impl Api {
             Api::OllamaGenerate => "/api/generate",
             Api::OpenAiChat => "/v1/chat/completions",
             Api::OpenAiCompletion => "/v1/completions",
+            Api::Responses => "/v1/responses",
+            Api::AnthropicMessages => "/v1/messages",
+            Api::Transcription => "/v1/audio/transcriptions",
         }
     }
 
     pub fn capability(self) -> Capability {
         match self {
-            Api::OllamaChat | Api::OpenAiChat => Capability::Chat,
+            Api::OllamaChat
+            | Api::OpenAiChat
+            | Api::Responses
+            | Api::AnthropicMessages
+            | Api::Transcription => Capability::Chat,
             Api::OllamaGenerate | Api::OpenAiCompletion => Capability::Generate,
         }
     }
@@ -48,12 +60,21 @@ impl Api {
         matches!(self, Api::OpenAiChat | Api::OpenAiCompletion)
     }
 
+    /// Served by [`super::compat`]'s formats.
+    fn is_compat(self) -> bool {
+        matches!(
+            self,
+            Api::Responses | Api::AnthropicMessages | Api::Transcription
+        )
+    }
+
     /// An error in the shape this endpoint's clients parse.
     pub fn error(self, e: StandinError) -> Response {
-        if self.is_openai() {
-            e.openai()
-        } else {
-            e.ollama()
+        match self {
+            Api::AnthropicMessages => e.anthropic(),
+            Api::Responses | Api::Transcription => e.openai(),
+            _ if self.is_openai() => e.openai(),
+            _ => e.ollama(),
         }
     }
 
@@ -102,11 +123,41 @@ pub struct Wire {
 
 impl Wire {
     pub fn content_type(&self, stream: bool) -> &'static str {
-        match (stream, self.api.is_openai()) {
+        match (stream, self.api.is_openai() || self.api.is_compat()) {
             (false, _) => "application/json",
             (true, false) => "application/x-ndjson",
             (true, true) => "text/event-stream",
         }
+    }
+
+    fn compat(&self) -> CompatWire<'_> {
+        CompatWire {
+            api: self.api,
+            model: &self.model,
+            id: &self.id,
+            created: self.created,
+        }
+    }
+
+    /// Events a stream opens with, before its first token (Responses, Anthropic).
+    pub fn opening(&self) -> Vec<Bytes> {
+        self.compat().opening()
+    }
+
+    /// Token number `index` of a stream, framed.
+    pub fn token_at(&self, index: usize, text: &str) -> Bytes {
+        if self.api.is_compat() {
+            return self.compat().token(index, text);
+        }
+        self.token(text)
+    }
+
+    /// What follows the last of `tokens` tokens, whose text is `text`.
+    pub fn trailer_of(&self, stats: &Stats, text: &str, tokens: usize) -> Vec<Bytes> {
+        if self.api.is_compat() {
+            return self.compat().trailer(stats, text, tokens);
+        }
+        self.trailer(stats)
     }
 
     /// One streamed token, framed.
@@ -137,7 +188,9 @@ impl Wire {
 
     /// The single JSON object of a non-streamed reply.
     pub fn whole(&self, text: &str, stats: &Stats) -> Bytes {
-        let value = if self.api.is_openai() {
+        let value = if self.api.is_compat() {
+            self.compat().whole(text, stats)
+        } else if self.api.is_openai() {
             let mut v = self.openai_base(false);
             v["choices"] = json!([self.openai_choice(text, Some("stop"), false)]);
             v["usage"] = openai_usage(stats);

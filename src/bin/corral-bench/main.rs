@@ -9,6 +9,7 @@
 mod backend;
 mod bare;
 mod client;
+mod embed;
 mod fleet;
 mod overhead;
 mod plot;
@@ -86,6 +87,23 @@ enum Command {
         /// Pause between chunks, in microseconds.
         #[arg(long, default_value_t = 2000)]
         interval_us: u64,
+    },
+    /// One embedding batch to one node, against the same batch fanned out by corral.
+    EmbedFanout {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, default_value_t = 512)]
+        inputs: usize,
+        #[arg(long, default_value_t = 32)]
+        chunk_size: usize,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Simulated embedding cost per token, microseconds.
+        #[arg(long, default_value_t = 20)]
+        prefill_us: u64,
+        /// The corral binary (default: the one next to corral-bench).
+        #[arg(long)]
+        corral: Option<PathBuf>,
     },
     /// Print a free loopback port.
     FreePort,
@@ -187,6 +205,31 @@ fn run(command: Command) -> Result<(), String> {
             };
             let delays = runtime()?.block_on(probe::run(&opts))?;
             println!("{}", probe::csv_line(&target, &delays));
+            Ok(())
+        }
+        Command::EmbedFanout {
+            nodes,
+            inputs,
+            chunk_size,
+            runs,
+            prefill_us,
+            corral,
+        } => {
+            if nodes == 0 || runs == 0 || chunk_size == 0 {
+                return Err("--nodes, --runs and --chunk-size must be at least 1".into());
+            }
+            let opts = embed::Options {
+                nodes,
+                inputs,
+                chunk_size,
+                runs,
+                prefill_us,
+                corral: match corral {
+                    Some(path) => path,
+                    None => fleet::sibling_corral()?,
+                },
+            };
+            print!("{}", runtime()?.block_on(embed::run(opts))?);
             Ok(())
         }
         Command::FreePort => {
