@@ -128,6 +128,9 @@ struct ReplayArgs {
     think_secs: Option<f64>,
     #[arg(long)]
     seed: Option<u64>,
+    /// Run each workload once per seed (comma-separated), with a table of the spread.
+    #[arg(long, value_delimiter = ',')]
+    seeds: Vec<u64>,
 }
 
 fn main() {
@@ -213,6 +216,7 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             think_secs: args.think_secs,
             seed: args.seed,
         },
+        seeds: args.seeds,
         scale: TimeScale(args.time_scale),
         corral_bin: args.corral,
         out: args.out,
