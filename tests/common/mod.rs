@@ -55,9 +55,11 @@ impl NodeSpec {
 pub fn config_yaml(port: u16, nodes: &[NodeSpec], extra_yaml: &str) -> String {
     let mut yaml = format!(
         "listen: 127.0.0.1:{port}\n\
-         pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n\
-         poll:\n  interval: 100ms\n  timeout: 1s\n"
+         pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n"
     );
+    if !extra_yaml.contains("poll:") {
+        yaml.push_str("poll:\n  interval: 100ms\n  timeout: 1s\n");
+    }
     for (key, value) in [
         ("metrics_listen", "null"),
         ("admin_listen", "null"),

@@ -154,6 +154,10 @@ pub struct Plan {
     pub preload: Vec<Vec<&'static str>>,
     /// corral is told each node's slots (`num_parallel`) as well as its memory.
     pub tell_slots: bool,
+    /// The nodes give a new conversation an empty slot, else the least recently used
+    /// (`OLLAMA_MULTIUSER_CACHE=1`, and llama-server's rule in Ollama 0.30 and later),
+    /// rather than Ollama's older longest-prefix rule.
+    pub multiuser_cache: bool,
 }
 
 impl Plan {
@@ -175,6 +179,7 @@ impl Plan {
                     disks,
                     // Told nothing but memory.
                     tell_slots: false,
+                    multiuser_cache: true,
                 }
             }
             _ => {
@@ -194,6 +199,7 @@ impl Plan {
                     nodes,
                     disks,
                     tell_slots: true,
+                    multiuser_cache: false,
                 }
             }
         }
@@ -231,6 +237,7 @@ pub fn standin_config(plan: &Plan, node: usize, scale: TimeScale) -> StandinConf
     cfg.prefill_per_token = scale.per_token(spec.prefill_tps);
     cfg.decode_per_token = scale.per_token(spec.decode_tps);
     cfg.keep_alive = scale.of_secs(KEEP_ALIVE_SECS);
+    cfg.multiuser_cache = plan.multiuser_cache;
     cfg
 }
 
@@ -352,8 +359,8 @@ impl CorralProcess {
         Ok(process)
     }
 
-    /// Waits until the port accepts connections and `/api/ps` lists a model, then two more
-    /// poll intervals so that every node has been read.
+    /// Waits until the port accepts connections and `/api/tags` lists the chat model (a
+    /// poll came in), then two more poll intervals so that every node has been read.
     async fn wait_ready(&self, port: u16) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -364,7 +371,7 @@ impl CorralProcess {
             }
             if TcpStream::connect(addr).is_ok() {
                 let listed = client
-                    .get(format!("{}/api/ps", self.url))
+                    .get(format!("{}/api/tags", self.url))
                     .send()
                     .await
                     .ok()
