@@ -795,7 +795,10 @@ fn node_memory(
             });
         }
     }
-    let believed = placement::believed(total, held);
+    // The node demonstrably holds what its last poll listed, even beyond a `memory_gb` set
+    // too low: only later signs are weighed against its memory.
+    let polled: u64 = inv.resident.values().map(|r| r.size).sum();
+    let believed = placement::believed(total.map(|t| t.max(polled)), held);
     (believed.footprint, believed.holds(model))
 }
 
@@ -1240,6 +1243,49 @@ mod tests {
         let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
         assert!(c.resident && c.scores.model_loaded == 50.0);
         assert!(node.models.lock()[&model].loading.is_none());
+    }
+
+    #[test]
+    fn what_a_poll_lists_stays_resident_and_later_replies_count_only_up_to_memory() {
+        let r = empty_pair();
+        let node = r.fleet.nodes()[0].clone();
+        // memory_gb says 24 GB, yet the poll lists 30 GB: the poll is believed.
+        let mut inv = (*node.inventory()).clone();
+        for m in ["x:1", "y:1", "z:1"] {
+            let size = 10_000_000_000;
+            let r = Resident {
+                size,
+                context_length: None,
+                expires_at: None,
+            };
+            inv.resident.insert(m.into(), r);
+        }
+        inv.polled_at = Some(Instant::now());
+        node.update_inventory(inv);
+        let loaded_on_0 = |model: &str| {
+            let d = r.decide(&ask(model, "q")).unwrap();
+            let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
+            c.resident
+        };
+        assert!(["x:1", "y:1", "z:1"].iter().all(|m| loaded_on_0(m)));
+
+        // Node 1 polled empty; replies then came from x, y and z in turn: only the two
+        // most recent fit its 24 GB, so x is taken as evicted.
+        let other = r.fleet.nodes()[1].clone();
+        for m in ["x:1", "y:1", "z:1"] {
+            std::thread::sleep(Duration::from_millis(2));
+            let mut d = r.try_dispatch(&other, &ask(m, "q")).unwrap();
+            d.finish(Outcome {
+                ok: true,
+                ..Default::default()
+            });
+        }
+        let held_on_1 = |model: &str| {
+            let d = r.decide(&ask(model, "q")).unwrap();
+            d.ranked.iter().any(|c| c.node.id == other.id && c.resident)
+        };
+        assert!(!held_on_1("x:1"));
+        assert!(held_on_1("y:1") && held_on_1("z:1"));
     }
 
     #[test]
