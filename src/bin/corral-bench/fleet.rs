@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use corral::standin::{ChurnCounts, GIB, ServedRequest, StandinConfig, StandinModel, StandinNode};
 
-use crate::workload::WorkloadKind;
+use crate::workload::{WorkloadKind, WorkloadSpec};
 
 /// One node, described as the hardware it stands for.
 #[derive(Clone, Debug)]
@@ -161,7 +161,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub fn for_workload(kind: WorkloadKind) -> Plan {
+    pub fn for_workload(spec: &WorkloadSpec) -> Plan {
+        let mut plan = Plan::of_kind(spec.kind);
+        if let Some(slots) = spec.node_slots {
+            plan.nodes.iter_mut().for_each(|n| n.slots = slots);
+        }
+        plan
+    }
+
+    fn of_kind(kind: WorkloadKind) -> Plan {
         match kind {
             WorkloadKind::Placement => {
                 let nodes = placement_nodes();
@@ -506,7 +514,7 @@ mod tests {
     #[test]
     fn models_fit_where_they_are_on_disk() {
         for kind in [WorkloadKind::LongChat, WorkloadKind::Placement] {
-            let plan = Plan::for_workload(kind);
+            let plan = Plan::of_kind(kind);
             for i in 0..plan.nodes.len() {
                 let cfg = standin_config(&plan, i, TimeScale(25.0));
                 assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));

@@ -131,6 +131,9 @@ struct ReplayArgs {
     /// Run each workload once per seed (comma-separated), with a table of the spread.
     #[arg(long, value_delimiter = ',')]
     seeds: Vec<u64>,
+    /// Slots (`OLLAMA_NUM_PARALLEL`) of every node, instead of the fleet's own.
+    #[arg(long)]
+    node_slots: Option<usize>,
 }
 
 fn main() {
@@ -215,6 +218,7 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             reply_tokens: args.reply_tokens,
             think_secs: args.think_secs,
             seed: args.seed,
+            node_slots: args.node_slots,
         },
         seeds: args.seeds,
         scale: TimeScale(args.time_scale),

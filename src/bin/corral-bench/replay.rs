@@ -80,7 +80,7 @@ pub async fn run(
     conversations: &[Arc<Conversation>],
     policy: Policy,
 ) -> Result<Run, String> {
-    let fleet = Fleet::start(&Plan::for_workload(spec.kind), env.scale).await?;
+    let fleet = Fleet::start(&Plan::for_workload(spec), env.scale).await?;
     let corral = match (policy.through_corral(), &env.corral_bin) {
         (true, Some(bin)) => Some(CorralProcess::start(bin, &fleet, env.scale).await?),
         (true, None) => return Err("no corral binary to run".into()),

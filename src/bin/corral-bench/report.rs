@@ -523,7 +523,7 @@ fn workload_markdown(w: &WorkloadReport) -> String {
         s.seed
     );
     if s.kind == WorkloadKind::Placement {
-        md.push_str(&fleet_markdown(&Plan::for_workload(s.kind)));
+        md.push_str(&fleet_markdown(&Plan::for_workload(s)));
     }
     md.push_str(
         "| policy | follow-up warm | first-turn warm | TTFT first p50 / p90 / p99 ms | \

@@ -73,7 +73,13 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
     let report = ReplayReport {
         time_scale: opts.scale.0,
         machine: machine(),
-        fleet: fleet::nodes().iter().map(NodeRow::of).collect(),
+        fleet: fleet::nodes()
+            .iter()
+            .map(|n| NodeRow {
+                slots: opts.overrides.node_slots.unwrap_or(n.slots),
+                ..NodeRow::of(n)
+            })
+            .collect(),
         workloads,
     };
     write_outputs(&report, &opts)?;

@@ -73,6 +73,8 @@ pub struct WorkloadSpec {
     /// Models and their share of conversations.
     pub models: Vec<(String, u32)>,
     pub seed: u64,
+    /// Slots of every node, instead of the fleet's own.
+    pub node_slots: Option<usize>,
 }
 
 /// Values given on the command line, applied to every selected workload.
@@ -86,6 +88,7 @@ pub struct Overrides {
     pub reply_tokens: Option<u32>,
     pub think_secs: Option<f64>,
     pub seed: Option<u64>,
+    pub node_slots: Option<usize>,
 }
 
 impl WorkloadSpec {
@@ -105,6 +108,7 @@ impl WorkloadSpec {
             system_prompts: 0,
             models: chat_only,
             seed: 42,
+            node_slots: None,
         };
         match kind {
             WorkloadKind::LongChat => base,
@@ -159,6 +163,7 @@ impl WorkloadSpec {
         self.reply_tokens = o.reply_tokens.unwrap_or(self.reply_tokens).max(1);
         self.think_secs = o.think_secs.unwrap_or(self.think_secs).max(0.0);
         self.seed = o.seed.unwrap_or(self.seed);
+        self.node_slots = o.node_slots.map(|n| n.max(1)).or(self.node_slots);
         self
     }
 }
