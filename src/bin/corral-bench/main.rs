@@ -38,7 +38,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Replay multi-turn workloads through corral and the baseline policies.
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Serve an in-memory Ollama-shaped backend (for the overhead measurement).
     Backend {
         /// Loopback address to listen on.
@@ -147,7 +147,7 @@ fn main() {
 
 fn run(command: Command) -> Result<(), String> {
     match command {
-        Command::Replay(args) => replay(args),
+        Command::Replay(args) => replay(*args),
         Command::Backend {
             listen,
             threads,
