@@ -59,7 +59,7 @@ impl Metrics {
             )?,
             cold_loads: register_int_counter_vec!(
                 "corral_cold_loads_total",
-                "Requests routed to a node where the model was not resident.",
+                "Model loads corral caused: requests sent to a node where the model was neither resident nor already loading.",
                 &["node", "model"]
             )?,
             model_loads: register_int_counter_vec!(
@@ -138,6 +138,7 @@ pub struct FleetCollector {
     model_resident: IntGaugeVec,
     affinity_entries: IntGauge,
     success_ratio: prometheus::GaugeVec,
+    evictions: IntCounterVec,
     descs: Vec<Desc>,
 }
 
@@ -186,7 +187,16 @@ impl FleetCollector {
             ),
             &["node"],
         )?;
+        // Counted by the nodes' state as polls see them; copied out at each scrape.
+        let evictions = IntCounterVec::new(
+            Opts::new(
+                "corral_evictions_seen_total",
+                "Models seen leaving a node's memory (/api/ps) while another model arrived: unloaded to make room.",
+            ),
+            &["node", "model"],
+        )?;
         let descs = [
+            evictions.desc(),
             node_up.desc(),
             in_flight.desc(),
             waiting.desc(),
@@ -208,6 +218,7 @@ impl FleetCollector {
             model_resident,
             affinity_entries,
             success_ratio,
+            evictions,
             descs,
         })
     }
@@ -228,6 +239,7 @@ impl FleetCollector {
             gauge.reset();
         }
         self.success_ratio.reset();
+        self.evictions.reset();
         let fleet = &self.router.fleet;
         for node in fleet.nodes().iter() {
             let name = node.name();
@@ -243,6 +255,11 @@ impl FleetCollector {
                 .set(inv.resident.len() as i64);
             for model in inv.resident.keys() {
                 self.model_resident.with_label_values(&[name, model]).set(1);
+            }
+            for (model, n) in node.evictions_seen.lock().iter() {
+                self.evictions
+                    .with_label_values(&[name, model.as_str()])
+                    .inc_by(*n);
             }
             for (model, state) in node.models.lock().iter() {
                 let labels = [name, model.as_str()];
@@ -269,6 +286,7 @@ impl Collector for FleetCollector {
         for gauge in self.vecs() {
             families.extend(gauge.collect());
         }
+        families.extend(self.evictions.collect());
         families.extend(self.affinity_entries.collect());
         families.extend(self.success_ratio.collect());
         families

@@ -74,13 +74,77 @@ fn check_workload(w: &serde_json::Value) {
     }
 }
 
-/// Runs the benchmark binary, killing it if it outlives a generous deadline.
+/// The placement workload over two seeds, through a baseline, corral and corral one
+/// conversation at a time: every turn served, corral's own counts of loads and evictions
+/// scraped and equal to the nodes', and the table of the spread over seeds written.
+#[test]
+fn placement_runs_over_seeds_and_corral_counts_what_the_nodes_count() {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let args = [
+        "--workload",
+        "placement",
+        "--policy",
+        "sticky-hash,corral,corral-one-at-a-time",
+        "--seeds",
+        "1,2",
+        "--conversations",
+        "6",
+        "--concurrency",
+        "6",
+        "--no-plots",
+    ];
+    run_replay_with(out.path(), &args);
+    let text = std::fs::read_to_string(out.path().join("replay.json")).expect("replay.json");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("replay.json is JSON");
+    let workloads = report["workloads"].as_array().expect("a list of workloads");
+    let seeds: Vec<u64> = workloads
+        .iter()
+        .filter_map(|w| w["spec"]["seed"].as_u64())
+        .collect();
+    assert_eq!(seeds, [1, 2]);
+    for w in workloads {
+        for p in w["policies"].as_array().expect("policies") {
+            let at = format!("seed {} / {}", w["spec"]["seed"], p["policy"]);
+            assert_eq!(p["turns"], 6 * TURNS, "{at}: every turn served");
+            let counts = &p["corral_counts"];
+            if p["policy"] == "sticky-hash" {
+                assert!(counts.is_null(), "{at}");
+                continue;
+            }
+            assert_eq!(counts["loads"], p["cold_loads"], "{at}: loads agree");
+            assert_eq!(counts["evictions"], p["evictions"], "{at}: evictions agree");
+        }
+    }
+    let markdown = std::fs::read_to_string(out.path().join("replay.md")).expect("replay.md");
+    assert!(
+        markdown.contains("### placement over seeds 1, 2"),
+        "{markdown}"
+    );
+}
+
+/// Runs the benchmark binary on every workload, tiny.
 fn run_replay(out: &Path) {
+    let conversations = CONVERSATIONS.to_string();
+    run_replay_with(
+        out,
+        &[
+            "--seed",
+            "7",
+            "--conversations",
+            &conversations,
+            "--concurrency",
+            "2",
+        ],
+    );
+}
+
+/// Runs `corral-bench replay` with tiny sizes and these arguments, killing it if it
+/// outlives a generous deadline.
+fn run_replay_with(out: &Path, args: &[&str]) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
-        .args(["replay", "--time-scale", "200", "--seed", "7"])
-        .args(["--conversations", &CONVERSATIONS.to_string()])
+        .args(["replay", "--time-scale", "200"])
         .args(["--turns", &TURNS.to_string()])
-        .args(["--concurrency", "2", "--prompt-tokens", "400"])
+        .args(["--prompt-tokens", "400"])
         .args([
             "--followup-tokens",
             "20",
@@ -89,6 +153,7 @@ fn run_replay(out: &Path) {
             "--think-secs",
             "1",
         ])
+        .args(args)
         .arg("--out")
         .arg(out)
         .stdout(Stdio::null())

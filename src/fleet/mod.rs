@@ -36,6 +36,8 @@ pub struct Fleet {
     /// own selection.
     health: Arc<LoadBalancer<RoundRobin>>,
     next_id: AtomicU16,
+    /// Wakes the poller for the nodes marked `poll_wanted`.
+    poll_wanted: tokio::sync::Notify,
 }
 
 /// What a reload changed.
@@ -66,6 +68,7 @@ impl Fleet {
             nodes,
             health: Arc::new(lb),
             next_id: AtomicU16::new(0),
+            poll_wanted: tokio::sync::Notify::new(),
         };
         fleet.apply(&config.nodes)?;
         Ok(fleet)
@@ -128,6 +131,19 @@ impl Fleet {
             .filter(|n| self.is_healthy(n))
             .cloned()
             .collect()
+    }
+
+    /// Asks the poller to read the node's `/api/ps` now rather than at its next tick: a reply
+    /// showed a model load there, which may have evicted another model.
+    pub fn poll_soon(&self, node: &Node) {
+        node.poll_wanted.store(true, Ordering::Release);
+        // A stored permit: a request made while the poller is busy is not lost.
+        self.poll_wanted.notify_one();
+    }
+
+    /// Completes when [`Fleet::poll_soon`] was called for some node.
+    pub async fn poll_requested(&self) {
+        self.poll_wanted.notified().await
     }
 
     /// The health-check service, to hand to Pingora as a background service.

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
@@ -97,6 +98,10 @@ pub struct ModelState {
     /// When a reply for this model last succeeded here: the model was resident then, even
     /// if the last poll has not seen it yet.
     pub last_success: Option<Instant>,
+    /// Since when corral has had a request on its way here that loads the model (it was
+    /// neither resident nor loading when sent): its memory is reserved until that request
+    /// ends.
+    pub loading: Option<Instant>,
 }
 
 /// A node: its configuration, its health handle, and the state corral keeps for it.
@@ -117,6 +122,10 @@ pub struct Node {
     pub success: Mutex<SuccessRatio>,
     /// Passive failure detection, between active health checks.
     pub breaker: Mutex<Breaker>,
+    /// A reply showed a model load here: the poller reads the node again at once.
+    pub poll_wanted: AtomicBool,
+    /// Models seen leaving the node's memory to make room for another, per model.
+    pub evictions_seen: Mutex<HashMap<String, u64>>,
 }
 
 /// A node's resolved address, and its identity in Pingora's health checks there.
@@ -231,6 +240,8 @@ impl Node {
             models: Mutex::new(HashMap::new()),
             success: Mutex::new(SuccessRatio::new()),
             breaker: Mutex::new(Breaker::default()),
+            poll_wanted: AtomicBool::new(false),
+            evictions_seen: Mutex::new(HashMap::new()),
         };
         match resolved {
             Ok(addr) => {
@@ -302,6 +313,16 @@ impl Node {
     /// succeeded after the poll was sent (the poll raced with a load).
     pub fn update_inventory(&self, fresh: Inventory) {
         let polled_at = fresh.polled_at;
+        let previous = self.inventory();
+        if previous.polled_at.is_some() {
+            let evicted = evictions(&previous.resident, &fresh.resident);
+            if !evicted.is_empty() {
+                let mut seen = self.evictions_seen.lock();
+                for model in evicted {
+                    *seen.entry(model.to_string()).or_default() += 1;
+                }
+            }
+        }
         let mut models = self.models.lock();
         for (name, state) in models.iter_mut() {
             let unloaded = !fresh.resident.contains_key(name);
@@ -320,6 +341,24 @@ impl Node {
         drop(models);
         self.inventory.store(Arc::new(fresh));
     }
+}
+
+/// Models that left memory between two polls to make room for another: they are gone
+/// while some model arrived. A model that left with nothing arriving unloaded on its own
+/// (keep-alive, or a client's `keep_alive: 0`).
+fn evictions<'a>(
+    before: &'a HashMap<String, Resident>,
+    after: &HashMap<String, Resident>,
+) -> Vec<&'a str> {
+    let arrived = after.keys().any(|m| !before.contains_key(m));
+    if !arrived {
+        return Vec::new();
+    }
+    before
+        .keys()
+        .filter(|m| !after.contains_key(*m))
+        .map(String::as_str)
+        .collect()
 }
 
 #[cfg(test)]
@@ -399,5 +438,34 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 0);
+    }
+
+    #[test]
+    fn a_model_gone_while_another_arrived_was_evicted() {
+        let node = Node::new(0, NodeConfig::new("a", "http://127.0.0.1:9")).unwrap();
+        let holding = |models: &[&str]| Inventory {
+            polled_at: Some(Instant::now()),
+            resident: models
+                .iter()
+                .map(|m| {
+                    let r = Resident {
+                        size: 1,
+                        context_length: None,
+                        expires_at: None,
+                    };
+                    (m.to_string(), r)
+                })
+                .collect(),
+            ..Default::default()
+        };
+        node.update_inventory(holding(&["a", "b"]));
+        // "c" arrived and "a" left: an eviction.
+        node.update_inventory(holding(&["b", "c"]));
+        // "b" left and nothing arrived: an unload (keep-alive), not an eviction.
+        node.update_inventory(holding(&["c"]));
+        let seen = node.evictions_seen.lock().clone();
+        assert_eq!(seen.get("a"), Some(&1));
+        assert_eq!(seen.get("b"), None);
+        assert_eq!(seen.len(), 1);
     }
 }

@@ -2,6 +2,7 @@
 //! reads what was learned and never waits on a node to decide.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -34,6 +35,9 @@ struct ModelEntry {
     model: Option<String>,
     #[serde(default)]
     size: u64,
+    /// The part of `size` in GPU memory; stands in for `size` where that is missing.
+    #[serde(default)]
+    size_vram: Option<u64>,
     #[serde(default)]
     expires_at: Option<String>,
     #[serde(default)]
@@ -88,6 +92,15 @@ impl Poller {
                 log::warn!("health checks did not learn the nodes' new addresses: {e}");
             }
         }
+    }
+
+    /// Polls the nodes that asked for it ([`Fleet::poll_soon`]).
+    async fn poll_wanted(&self) {
+        let nodes = self.fleet.nodes();
+        let wanted = nodes
+            .iter()
+            .filter(|n| n.poll_wanted.swap(false, Ordering::AcqRel));
+        futures::future::join_all(wanted.map(|node| self.poll(node))).await;
     }
 
     /// Polls one node, after resolving its host name again. `true` when the node moved.
@@ -166,7 +179,11 @@ fn inventory_of(polled_at: Instant, tags: ModelList, ps: ModelList) -> Inventory
         .filter_map(|m| {
             let key = m.key()?;
             let resident = Resident {
-                size: m.size,
+                size: if m.size > 0 {
+                    m.size
+                } else {
+                    m.size_vram.unwrap_or(0)
+                },
                 context_length: m.context_length,
                 expires_at: m.expires_at,
             };
@@ -191,6 +208,7 @@ impl BackgroundService for Poller {
         loop {
             tokio::select! {
                 _ = tick.tick() => self.poll_all().await,
+                _ = self.fleet.poll_requested() => self.poll_wanted().await,
                 _ = shutdown.changed() => return,
             }
         }

@@ -118,13 +118,21 @@ impl Forwarder {
             let freed = router.slot_freed();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            let decision = match router.decide(profile) {
-                Ok(decision) => decision,
-                Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
-                Err(e) => return refuse(session, ctx, e, &config).await,
-            };
             let tried: Vec<u16> = failures.iter().map(|f| f.node).collect();
-            let (candidate, dispatch) = match pick(router, &decision, &tried, profile) {
+            // Decide and count the request on its node (reserving any load it starts) as
+            // one step, so that requests arriving together see each other's loads.
+            let placing = router.placement();
+            let decided = router.decide(profile);
+            let picked = decided
+                .as_ref()
+                .map(|decision| (decision, pick(router, decision, &tried, profile)));
+            drop(placing);
+            let (decision, picked) = match picked {
+                Ok(picked) => picked,
+                Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
+                Err(e) => return refuse(session, ctx, e.clone(), &config).await,
+            };
+            let (candidate, dispatch) = match picked {
                 Pick::Send(candidate, dispatch) => (candidate, dispatch),
                 Pick::Exhausted => return fail(session, ctx, &failures).await,
                 Pick::Wait(best) => {
@@ -151,7 +159,7 @@ impl Forwarder {
             let attempt = Attempt {
                 router,
                 candidate,
-                decision: &decision,
+                decision,
                 profile,
                 retries: failures.len(),
             };
@@ -314,11 +322,7 @@ impl Forwarder {
     /// Counts what the reply's final statistics verify: loads, and prompt tokens evaluated
     /// or served from cache.
     fn book_stats(&self, stats: &ReplyStats, profile: &Profile, labels: &[&str; 2]) {
-        const LOAD_SECONDS: f64 = 0.1;
-        if stats
-            .load_duration
-            .is_some_and(|ns| ns as f64 / 1e9 >= LOAD_SECONDS)
-        {
+        if stats.loaded_model() {
             self.metrics.model_loads.with_label_values(labels).inc();
         }
         let (node, model) = (labels[0], labels[1]);
@@ -545,6 +549,11 @@ impl Forwarder {
         }
         if let Some(stats) = &stats {
             self.book_stats(stats, reply.profile, &labels);
+            if stats.loaded_model() {
+                // The load may have evicted another model: read what the node holds now
+                // rather than count this one on top of the others.
+                reply.fleet.poll_soon(node);
+            }
         }
         if ok
             && status < 400
@@ -599,7 +608,7 @@ fn pick<'d>(
             None => return Pick::Exhausted,
         },
     };
-    match router.try_dispatch(&best.node, profile) {
+    match router.try_send(best, profile) {
         Some(dispatch) => Pick::Send(best, dispatch),
         None => Pick::Wait(best),
     }

@@ -106,6 +106,14 @@ impl ReplyStats {
         serde_json::from_slice(object).ok()
     }
 
+    /// The node loaded the model for this request (or the request waited for its load):
+    /// Ollama's `load_duration` of at least 0.1 s. A resident model's is a few milliseconds.
+    pub fn loaded_model(&self) -> bool {
+        const LOAD_SECONDS: f64 = 0.1;
+        self.load_duration
+            .is_some_and(|ns| ns as f64 / 1e9 >= LOAD_SECONDS)
+    }
+
     /// Prompt tokens the node evaluated, and those it served from its prefix cache when it
     /// says so (llama.cpp's timings, OpenAI's cached_tokens; Ollama reports only the
     /// evaluated ones).

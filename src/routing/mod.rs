@@ -3,6 +3,7 @@
 //! while the request runs.
 
 mod affinity;
+pub mod placement;
 pub mod score;
 pub mod signals;
 
@@ -19,7 +20,7 @@ pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
 use crate::config::{BreakerConfig, Config, NodeConfig};
-use crate::fleet::{Fleet, ModelState, Node, Slot};
+use crate::fleet::{Fleet, Inventory, ModelState, Node, Slot};
 use crate::request::Profile;
 
 pub struct Router {
@@ -34,6 +35,9 @@ pub struct Router {
     slot_freed: Notify,
     /// Requests waiting for a slot, fleet-wide (per node and model in `ModelState`).
     waiting: AtomicUsize,
+    /// Held from a decision until its request is counted on its node (and any load it
+    /// starts reserved), so that decisions made at the same instant see each other's loads.
+    placement: parking_lot::Mutex<()>,
 }
 
 /// The node holding a request's longest warm prefix.
@@ -52,8 +56,12 @@ pub struct Pin {
 pub struct Candidate {
     pub node: Arc<Node>,
     pub scores: Scores,
-    /// The model is resident there: sending the request causes no load.
+    /// The model is resident there, or loading for a request corral already sent: sending
+    /// the request starts no load.
     pub resident: bool,
+    /// Loading the model there would have to unload a model that requests are running or
+    /// waiting for: ranked after every node where it would not.
+    pub evicts_busy: bool,
     /// Failing health checks or cut off by its circuit breaker: only a last resort.
     pub standby: bool,
 }
@@ -90,7 +98,7 @@ impl AffinityResult {
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RouteError {
     NoHealthyNode,
     ModelNotFound(String),
@@ -134,6 +142,7 @@ impl Decision {
                 node,
                 scores: Scores::default(),
                 resident: true,
+                evicts_busy: false,
                 standby: false,
             }],
             pin: None,
@@ -165,7 +174,15 @@ impl Router {
             next_lineage: AtomicU64::new(1),
             slot_freed: Notify::new(),
             waiting: AtomicUsize::new(0),
+            placement: parking_lot::Mutex::new(()),
         }
+    }
+
+    /// Hold this from [`Router::decide`] until the chosen node is counted
+    /// ([`Router::try_send`]): a load started by one decision is then seen by the next.
+    /// Both are quick and never wait on the network.
+    pub fn placement(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.placement.lock()
     }
 
     pub fn config(&self) -> Arc<Config> {
@@ -251,6 +268,7 @@ impl Router {
 
         let mut ranked = Vec::with_capacity(nodes.len());
         let mut too_large = false;
+        let mut sizes = ModelSizes::new(&nodes);
         for node in nodes.iter() {
             let settings = node.settings();
             let inv = node.inventory();
@@ -264,22 +282,19 @@ impl Router {
                 NodeModelView::read(node, model, settings.num_parallel, policy, now, self.ttl());
             // Running here, and waiting in corral for this node.
             let depth = state.in_flight + state.waiting;
-            let served_since_poll = match (state.last_success, inv.polled_at) {
-                (Some(served), Some(polled)) => served > polled,
-                (Some(_), None) => true,
-                _ => false,
-            };
-            let resident = resident_now.is_some() || served_since_poll;
+            let total = settings.memory_bytes();
+            let (footprint, resident) = node_memory(node, &inv, total, &mut sizes, model);
             let memory = Memory {
                 need,
-                total: settings.memory_bytes(),
-                used: inv.resident.values().map(|r| r.size).sum(),
+                total,
+                used: footprint.used,
             };
             let w = &config.weights;
             let Some(memory_fit) = signals::memory_fit(resident, memory, w) else {
                 too_large = true;
                 continue;
             };
+            let evicts_busy = !resident && placement::evicts_busy(need, total, &footprint);
             let warmth = if pinned_node == Some(node.id) {
                 Warmth::HoldsPrefix
             } else if p.endpoint.generates() && state.new_conversation_displaces {
@@ -310,6 +325,7 @@ impl Router {
                 node: node.clone(),
                 scores,
                 resident,
+                evicts_busy,
                 standby: standby(node),
             });
         }
@@ -327,8 +343,9 @@ impl Router {
             |c| (c.scores.total(), c.node.name()),
             p.conversation,
         );
-        // Stable: standby nodes keep their order among themselves, after the others.
-        ranked.sort_by_key(|c| c.standby);
+        // Stable: standby nodes keep their order among themselves, after the others; and
+        // among live ones, a node where the load would unload a model in use comes last.
+        ranked.sort_by_key(|c| (c.standby, c.evicts_busy));
         Ok(Decision {
             ranked,
             pin,
@@ -381,15 +398,31 @@ impl Router {
     /// `num_parallel` requests for the model (else the request should wait, or go
     /// elsewhere). The returned guard gives the count back when dropped, on every path.
     pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Dispatch> {
+        self.dispatch(node, p, false)
+    }
+
+    /// [`Router::try_dispatch`] to a ranked candidate. Where the model is not resident, the
+    /// request loads it: the model's memory is reserved there until the request ends, and
+    /// it counts as loading for the next decisions (call under [`Router::placement`]).
+    pub fn try_send(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
+        self.dispatch(&candidate.node, p, !candidate.resident)
+    }
+
+    fn dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile, loads: bool) -> Option<Dispatch> {
         let parallel = node.settings().num_parallel.max(1) as u32;
-        {
+        let reserved = {
             let mut models = node.models.lock();
             let state = models.entry(p.model_key.clone()).or_default();
             if state.in_flight >= parallel {
                 return None;
             }
             state.in_flight += 1;
-        }
+            let reserve = loads && state.loading.is_none();
+            if reserve {
+                state.loading = Some(Instant::now());
+            }
+            reserve
+        };
         Some(Dispatch {
             router: self.clone(),
             node: node.clone(),
@@ -397,6 +430,7 @@ impl Router {
             slot: None,
             lineage: 0,
             remembered: Vec::new(),
+            reserved,
         })
     }
 
@@ -525,6 +559,7 @@ fn forget_if_unused(models: &mut HashMap<String, ModelState>, model: &str) {
     let unused = models.get(model).is_some_and(|s| {
         s.in_flight == 0
             && s.waiting == 0
+            && s.loading.is_none()
             && s.last_success.is_none()
             && s.slots.iter().all(|slot| slot.lineage == 0)
     });
@@ -543,6 +578,16 @@ pub struct Dispatch {
     /// The slot lineage and prefix hashes `commit` recorded, for `abandon`.
     lineage: u64,
     remembered: Vec<u64>,
+    /// This request loads the model on the node: it holds the model's reservation there.
+    reserved: bool,
+}
+
+impl Dispatch {
+    /// The request was sent where the model was neither resident nor loading: it starts a
+    /// load (`corral_cold_loads_total`).
+    pub fn starts_load(&self) -> bool {
+        self.reserved
+    }
 }
 
 /// What a finished reply taught about the node.
@@ -585,6 +630,11 @@ impl Drop for Dispatch {
             let mut models = self.node.models.lock();
             if let Some(state) = models.get_mut(&self.model) {
                 state.in_flight = state.in_flight.saturating_sub(1);
+                // Loaded (the reply's success is now the sign of it) or failed: either
+                // way the reservation ends.
+                if self.reserved {
+                    state.loading = None;
+                }
                 if let Some(slot) = self.slot.and_then(|i| state.slots.get_mut(i)) {
                     slot.busy = slot.busy.saturating_sub(1);
                     slot.last_used = Some(Instant::now());
@@ -607,7 +657,6 @@ struct NodeModelView {
     prefill_tps: Option<f64>,
     decode_tps: Option<f64>,
     speed_at: Option<Instant>,
-    last_success: Option<Instant>,
 }
 
 impl NodeModelView {
@@ -630,7 +679,6 @@ impl NodeModelView {
             prefill_tps: state.prefill_tps.get(),
             decode_tps: state.decode_tps.get(),
             speed_at: state.speed_at,
-            last_success: state.last_success,
         }
     }
 }
@@ -740,6 +788,81 @@ fn model_size(nodes: &[Arc<Node>], model: &str) -> Option<u64> {
             .filter_map(|inv| inv.on_disk.get(model).copied())
             .max()
     })
+}
+
+/// Model sizes in memory, looked up once per decision.
+struct ModelSizes<'n> {
+    nodes: &'n [Arc<Node>],
+    known: HashMap<String, Option<u64>>,
+}
+
+impl<'n> ModelSizes<'n> {
+    fn new(nodes: &'n [Arc<Node>]) -> Self {
+        ModelSizes {
+            nodes,
+            known: HashMap::new(),
+        }
+    }
+
+    fn of(&mut self, model: &str) -> Option<u64> {
+        if let Some(size) = self.known.get(model) {
+            return *size;
+        }
+        let size = model_size(self.nodes, model);
+        self.known.insert(model.to_string(), size);
+        size
+    }
+}
+
+/// What the node holds in memory as corral believes it now, and whether `model` is among
+/// it: what its last poll listed, what replies came from since, and what corral's own
+/// requests are loading there, counted only up to its memory ([`placement::believed`]).
+fn node_memory(
+    node: &Node,
+    inv: &Inventory,
+    total: Option<u64>,
+    sizes: &mut ModelSizes,
+    model: &str,
+) -> (placement::Footprint, bool) {
+    let models = node.models.lock();
+    let mut held = Vec::with_capacity(inv.resident.len() + 1);
+    for (name, r) in &inv.resident {
+        let state = models.get(name);
+        let busy = state.is_some_and(|s| s.in_flight + s.waiting > 0);
+        let served = state.and_then(|s| s.last_success);
+        held.push(placement::Held {
+            model: name,
+            size: r.size,
+            certain: busy || state.is_some_and(|s| s.loading.is_some()),
+            seen: served.max(inv.polled_at),
+            busy,
+        });
+    }
+    for (name, state) in models.iter() {
+        if inv.resident.contains_key(name) {
+            continue;
+        }
+        let running = state.in_flight > 0 || state.loading.is_some();
+        let served_since_poll = match (state.last_success, inv.polled_at) {
+            (Some(served), Some(polled)) => served > polled,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if running || served_since_poll {
+            held.push(placement::Held {
+                model: name,
+                size: sizes.of(name).unwrap_or(0),
+                certain: running,
+                seen: state.last_success,
+                busy: state.in_flight + state.waiting > 0,
+            });
+        }
+    }
+    // The node demonstrably holds what its last poll listed, even beyond a `memory_gb` set
+    // too low: only later signs are weighed against its memory.
+    let polled: u64 = inv.resident.values().map(|r| r.size).sum();
+    let believed = placement::believed(total.map(|t| t.max(polled)), held);
+    (believed.footprint, believed.holds(model))
 }
 
 /// The fleet's best learned speeds for the model, the yardstick of the latency signal.
@@ -1104,6 +1227,163 @@ mod tests {
         drop(_waiting);
         assert_eq!(r.waiting(), 0);
         assert_eq!(node.models.lock()[MODEL].waiting, 0);
+    }
+
+    /// Two empty 24 GB nodes with three 10 GB models on disk: each holds two of them.
+    fn empty_pair() -> Arc<Router> {
+        let r = router(2, 2);
+        for node in r.fleet.nodes().iter() {
+            let mut inv = Inventory {
+                polled_at: Some(Instant::now()),
+                ..Default::default()
+            };
+            for m in ["x:1", "y:1", "z:1"] {
+                inv.on_disk.insert(m.into(), 10_000_000_000);
+            }
+            node.update_inventory(inv);
+        }
+        r
+    }
+
+    fn ask(model: &str, text: &str) -> Profile {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{ "role": "user", "content": text }],
+        });
+        Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    }
+
+    /// Decides and sends as the forwarder does, under the placement lock.
+    fn place(r: &Arc<Router>, p: &Profile) -> Dispatch {
+        let _placing = r.placement();
+        let d = r.decide(p).unwrap();
+        r.try_send(&d.ranked[0], p).unwrap()
+    }
+
+    #[test]
+    fn requests_arriving_together_see_each_others_loads() {
+        let r = empty_pair();
+        let mut sent = Vec::new();
+        for (i, model) in ["x:1", "y:1", "z:1", "x:1", "y:1", "z:1"]
+            .iter()
+            .enumerate()
+        {
+            let d = place(&r, &ask(model, &format!("conversation {i}")));
+            sent.push((model.to_string(), d));
+        }
+        let node_of = |model: &str| -> Vec<u16> {
+            let mut ids: Vec<u16> = sent
+                .iter()
+                .filter(|(m, _)| m == model)
+                .map(|(_, d)| d.node.id)
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        for model in ["x:1", "y:1", "z:1"] {
+            assert_eq!(node_of(model).len(), 1, "{model} loaded on one node only");
+        }
+        let loads = sent.iter().filter(|(_, d)| d.starts_load()).count();
+        assert_eq!(loads, 3, "each model loaded once");
+        for node in r.fleet.nodes().iter() {
+            let on_node = sent.iter().filter(|(_, d)| d.node.id == node.id);
+            let mut models: Vec<&str> = on_node.map(|(m, _)| m.as_str()).collect();
+            models.sort_unstable();
+            models.dedup();
+            assert!(models.len() <= 2, "{} asked for {models:?}", node.name());
+        }
+        // The reservation ends with its request; the model then counts as resident
+        // because the reply came from it.
+        let (model, mut first) = sent.remove(0);
+        first.finish(Outcome {
+            ok: true,
+            ..Default::default()
+        });
+        let node = first.node.clone();
+        drop(first);
+        let d = r.decide(&ask(&model, "later")).unwrap();
+        let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
+        assert!(c.resident && c.scores.model_loaded == 50.0);
+        assert!(node.models.lock()[&model].loading.is_none());
+    }
+
+    #[test]
+    fn what_a_poll_lists_stays_resident_and_later_replies_count_only_up_to_memory() {
+        let r = empty_pair();
+        let node = r.fleet.nodes()[0].clone();
+        // memory_gb says 24 GB, yet the poll lists 30 GB: the poll is believed.
+        let mut inv = (*node.inventory()).clone();
+        for m in ["x:1", "y:1", "z:1"] {
+            let size = 10_000_000_000;
+            let r = Resident {
+                size,
+                context_length: None,
+                expires_at: None,
+            };
+            inv.resident.insert(m.into(), r);
+        }
+        inv.polled_at = Some(Instant::now());
+        node.update_inventory(inv);
+        let loaded_on_0 = |model: &str| {
+            let d = r.decide(&ask(model, "q")).unwrap();
+            let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
+            c.resident
+        };
+        assert!(["x:1", "y:1", "z:1"].iter().all(|m| loaded_on_0(m)));
+
+        // Node 1 polled empty; replies then came from x, y and z in turn: only the two
+        // most recent fit its 24 GB, so x is taken as evicted.
+        let other = r.fleet.nodes()[1].clone();
+        for m in ["x:1", "y:1", "z:1"] {
+            std::thread::sleep(Duration::from_millis(2));
+            let mut d = r.try_dispatch(&other, &ask(m, "q")).unwrap();
+            d.finish(Outcome {
+                ok: true,
+                ..Default::default()
+            });
+        }
+        let held_on_1 = |model: &str| {
+            let d = r.decide(&ask(model, "q")).unwrap();
+            d.ranked.iter().any(|c| c.node.id == other.id && c.resident)
+        };
+        assert!(!held_on_1("x:1"));
+        assert!(held_on_1("y:1") && held_on_1("z:1"));
+    }
+
+    #[test]
+    fn a_load_that_would_evict_a_busy_model_ranks_after_one_that_evicts_an_idle_one() {
+        let r = empty_pair();
+        let nodes = r.fleet.nodes();
+        // Each node holds two models; on node 0 both have requests running.
+        for (node, models) in nodes.iter().zip([["x:1", "y:1"], ["x:1", "y:1"]]) {
+            let mut inv = (*node.inventory()).clone();
+            for m in models {
+                inv.resident.insert(
+                    m.into(),
+                    Resident {
+                        size: 10_000_000_000,
+                        context_length: None,
+                        expires_at: None,
+                    },
+                );
+            }
+            inv.polled_at = Some(Instant::now());
+            node.update_inventory(inv);
+        }
+        let _x = r.try_dispatch(&nodes[0], &ask("x:1", "a")).unwrap();
+        let _y = r.try_dispatch(&nodes[0], &ask("y:1", "b")).unwrap();
+        // Node 0 scores higher on every other count: a role names the model.
+        let mut settings = (*nodes[0].settings()).clone();
+        settings.roles = vec!["z:1".into()];
+        nodes[0].set_settings(settings);
+        let d = r.decide(&ask("z:1", "c")).unwrap();
+        assert!(d.ranked[0].scores.total() < d.ranked[1].scores.total());
+        assert_eq!(
+            d.ranked[0].node.id, nodes[1].id,
+            "idle models evicted instead"
+        );
+        assert!(d.ranked[1].evicts_busy && !d.ranked[0].evicts_busy);
     }
 
     #[test]

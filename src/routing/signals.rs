@@ -19,9 +19,11 @@ pub struct Memory {
     pub used: u64,
 }
 
-/// Signal 2: full marks when resident, most when the model fits in free memory (more with
-/// room to spare), little when loading it must evict other models. `None` when it cannot
-/// fit even on an empty node: the node is then not a candidate.
+/// Signal 2: full marks when resident, most when the model fits in free memory, little when
+/// loading it must evict other models. `None` when it cannot fit even on an empty node: the
+/// node is then not a candidate. Among nodes where it fits, the snugger fit scores higher
+/// (best fit): small nodes take the models that fit them, and large free memory is left
+/// for the models that need it.
 pub fn memory_fit(resident: bool, m: Memory, w: &Weights) -> Option<f64> {
     if resident {
         return Some(w.memory_fit);
@@ -35,8 +37,12 @@ pub fn memory_fit(resident: bool, m: Memory, w: &Weights) -> Option<f64> {
     }
     let free = total.saturating_sub(m.used);
     if need <= free {
-        let headroom = (free - need) as f64 / total as f64;
-        Some(w.memory_fit * (0.75 + 0.25 * headroom))
+        let snug = if free == 0 {
+            1.0
+        } else {
+            need as f64 / free as f64
+        };
+        Some(w.memory_fit * (0.75 + 0.25 * snug))
     } else {
         let shortfall = (need - free) as f64 / need as f64;
         Some(w.memory_fit * 0.25 * (1.0 - shortfall))
@@ -211,10 +217,21 @@ mod tests {
         .unwrap();
         assert_eq!(resident, 20.0);
         assert!(
-            resident > roomy && roomy > tight && tight > evicting,
-            "{roomy} {tight} {evicting}"
+            resident > tight && tight > roomy && roomy > evicting,
+            "best fit first: {tight} {roomy} {evicting}"
         );
-        assert!(tight >= 15.0 && evicting <= 5.0);
+        assert!(roomy >= 15.0 && evicting <= 5.0);
+        // A small node that the model fills beats a large empty one.
+        let small = Memory {
+            need: Some(5 * gb),
+            total: Some(8 * gb),
+            used: 0,
+        };
+        let large = Memory {
+            total: Some(24 * gb),
+            ..small
+        };
+        assert!(memory_fit(false, small, &w()) > memory_fit(false, large, &w()));
         assert_eq!(
             memory_fit(
                 false,

@@ -4,8 +4,8 @@
 //! real Ollama in every way that matters to a cache-aware router:
 //!
 //! - **Models and memory.** Models on disk have sizes; resident models must fit the node's
-//!   memory. A request for a model that is not resident waits `load_time` after the least
-//!   recently used idle models are evicted (`residency`). Idle models unload after
+//!   memory. A request for a model that is not resident waits `load_time` after idle
+//!   models are evicted in Ollama's order (`residency`). Idle models unload after
 //!   `keep_alive`; a different `num_ctx` reloads.
 //! - **Slots and prefix caching.** Each resident model has `num_parallel` slots holding the
 //!   rendered text of their last request and reply; a request takes the slot sharing the

@@ -6,6 +6,13 @@
 //! behind the lock it either finds that someone else just loaded the model (it waited for a
 //! load, so it counts as cold) or evicts idle models until the new one fits, then loads it.
 //! Models unload lazily once idle for longer than their keep-alive.
+//!
+//! The victim is chosen as Ollama's scheduler chooses it (`server/sched.go`,
+//! `findRunnerToUnload` with `ByDurationAndName`, read at ollama/ollama fb30760, 2026-08):
+//! loaded models sorted by keep-alive, shortest first, then by model path (the blob's
+//! digest); the first idle one goes. Not the least recently used. When none is idle,
+//! Ollama marks the first to unload once its requests end and waits; the stand-in waits
+//! for any model to go idle and chooses again, which differs only when several are busy.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use super::catalog::digest;
 use super::config::{GIB, StandinConfig, StandinModel};
 use super::error::StandinError;
 use super::slots::SlotTable;
@@ -228,8 +236,9 @@ impl Residency {
         })
     }
 
-    /// Evicts least-recently-used idle models until `size` more bytes fit. Evicts nothing
-    /// and returns false when even evicting every idle model would not be enough.
+    /// Evicts idle models, in Ollama's order ([`victim`]), until `size` more bytes fit.
+    /// Evicts nothing and returns false when even evicting every idle model would not be
+    /// enough.
     fn make_room(&self, resident: &mut Vec<Resident>, size: u64) -> bool {
         let used: u64 = resident.iter().map(|r| r.model.size_bytes).sum();
         let idle: u64 = resident
@@ -242,7 +251,7 @@ impl Residency {
         }
         let mut used = used;
         while used + size > self.cfg.memory_bytes {
-            let Some(victim) = lru_idle(resident) else {
+            let Some(victim) = victim(resident) else {
                 return false;
             };
             let evicted = resident.remove(victim);
@@ -351,13 +360,20 @@ impl Residency {
     }
 }
 
-/// The least recently used idle model, the one Ollama evicts first.
-fn lru_idle(resident: &[Resident]) -> Option<usize> {
+/// The idle model Ollama unloads first to make room: the shortest keep-alive, then the
+/// lowest model path (`ByDurationAndName` in `server/sched.go`; a model's path ends in its
+/// blob's digest). A keep-alive of "forever" is Ollama's negative duration, which sorts
+/// last as an unsigned number.
+fn victim(resident: &[Resident]) -> Option<usize> {
+    let duration = |r: &Resident| match r.keep_alive {
+        KeepAlive::For(d) => d,
+        KeepAlive::Forever => Duration::MAX,
+    };
     resident
         .iter()
         .enumerate()
         .filter(|(_, r)| r.idle())
-        .min_by_key(|(_, r)| r.last_used)
+        .min_by_key(|(_, r)| (duration(r), digest(&r.model)))
         .map(|(i, _)| i)
 }
 
@@ -457,15 +473,37 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn loading_evicts_the_least_recently_used_idle_model() -> Result<(), StandinError> {
+    async fn loading_evicts_as_ollama_does_not_the_least_recently_used() -> Result<(), StandinError>
+    {
+        // Equal keep-alives: the lower digest goes, however recently it was used.
         let cfg = cfg();
+        let digest_of = |name: &str| cfg.model(name).map(digest);
+        let (first, second) = if digest_of("a:1") < digest_of("b:1") {
+            ("a:1", "b:1")
+        } else {
+            ("b:1", "a:1")
+        };
         let r = Residency::new(cfg.clone())?;
-        drop(r.acquire(&want(&cfg, "a:1", 100)).await?); // a is now more recent than b
+        drop(r.acquire(&want(&cfg, second, 100)).await?);
+        drop(r.acquire(&want(&cfg, first, 100)).await?); // the most recently used
         let lease = r.acquire(&want(&cfg, "c:1", 100)).await?;
         assert!(lease.cold_load);
-        assert_eq!(names(&r), ["a:1", "c:1"]);
+        let mut left = names(&r);
+        left.sort();
+        let mut expected = vec![second.to_string(), "c:1".to_string()];
+        expected.sort();
+        assert_eq!(left, expected, "{first} went though it was used last");
         let churn = r.churn();
         assert_eq!((churn.loads, churn.evictions, churn.expirations), (1, 1, 0));
+
+        // A shorter keep-alive goes first, whatever the digests.
+        let r = Residency::new(cfg.clone())?;
+        let mut short = want(&cfg, second, 100);
+        short.keep_alive = KeepAlive::For(Duration::from_secs(30));
+        drop(r.acquire(&short).await?);
+        drop(r.acquire(&want(&cfg, "c:1", 100)).await?);
+        assert!(!names(&r).contains(&second.to_string()));
+        assert!(names(&r).contains(&first.to_string()));
         Ok(())
     }
 

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use corral::standin::{ChurnCounts, GIB, ServedRequest, StandinConfig, StandinModel, StandinNode};
 
+use crate::workload::{WorkloadKind, WorkloadSpec};
+
 /// One node, described as the hardware it stands for.
 #[derive(Clone, Debug)]
 pub struct NodeSpec {
@@ -100,6 +102,118 @@ pub fn models() -> Vec<ModelSpec> {
     ]
 }
 
+/// The placement workload's fleet: two 24 GB nodes that each have three models on disk
+/// (any two of the smaller ones fit together, all three do not) and an 8 GB node with only
+/// the 8B model; 2 slots each.
+pub fn placement_nodes() -> Vec<NodeSpec> {
+    let gpu = |name| NodeSpec {
+        name,
+        hardware: "desktop, one 24 GB GPU",
+        memory_gib: 24,
+        slots: 2,
+        prefill_tps: 3000.0,
+        decode_tps: 50.0,
+        load_secs: 15.0,
+    };
+    vec![
+        gpu("gpu-a"),
+        gpu("gpu-b"),
+        NodeSpec {
+            name: "small",
+            hardware: "mini PC with an 8 GB GPU",
+            memory_gib: 8,
+            slots: 2,
+            prefill_tps: 2000.0,
+            decode_tps: 40.0,
+            load_secs: 10.0,
+        },
+    ]
+}
+
+/// The placement workload's models: 4.7, 16 and 13 GB.
+pub fn placement_models() -> Vec<ModelSpec> {
+    let m = |name, size_gb| ModelSpec {
+        name,
+        size_gb,
+        context: 32768,
+    };
+    vec![
+        m(CHAT_MODEL, 4.7),
+        m("mistral-small:24b", 16.0),
+        m("gpt-oss:20b", 13.0),
+    ]
+}
+
+/// The fleet a workload runs on, and what corral is told about it.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub nodes: Vec<NodeSpec>,
+    /// Per node, the models on its disk.
+    pub disks: Vec<Vec<ModelSpec>>,
+    /// Per node, the models loaded when it starts.
+    pub preload: Vec<Vec<&'static str>>,
+    /// corral is told each node's slots (`num_parallel`) as well as its memory.
+    pub tell_slots: bool,
+    /// The nodes give a new conversation an empty slot, else the least recently used
+    /// (`OLLAMA_MULTIUSER_CACHE=1`, and llama-server's rule in Ollama 0.30 and later),
+    /// rather than Ollama's older longest-prefix rule.
+    pub multiuser_cache: bool,
+}
+
+impl Plan {
+    pub fn for_workload(spec: &WorkloadSpec) -> Plan {
+        let mut plan = Plan::of_kind(spec.kind);
+        if let Some(slots) = spec.node_slots {
+            plan.nodes.iter_mut().for_each(|n| n.slots = slots);
+        }
+        plan
+    }
+
+    fn of_kind(kind: WorkloadKind) -> Plan {
+        match kind {
+            WorkloadKind::Placement => {
+                let nodes = placement_nodes();
+                let disks = nodes
+                    .iter()
+                    .map(|n| {
+                        let all = placement_models().into_iter();
+                        all.filter(|m| n.memory_gib >= 24 || m.name == CHAT_MODEL)
+                            .collect()
+                    })
+                    .collect();
+                Plan {
+                    preload: vec![Vec::new(); nodes.len()],
+                    nodes,
+                    disks,
+                    // Told nothing but memory.
+                    tell_slots: false,
+                    multiuser_cache: true,
+                }
+            }
+            _ => {
+                let nodes = nodes();
+                // Every model that fits a node's memory is on its disk (an operator pulls
+                // what a machine can run), and the chat model is preloaded.
+                let disks = nodes
+                    .iter()
+                    .map(|n| {
+                        let all = models().into_iter();
+                        all.filter(|m| m.size_gb * 1e9 <= (n.memory_gib * GIB) as f64)
+                            .collect()
+                    })
+                    .collect();
+                Plan {
+                    preload: vec![vec![CHAT_MODEL]; nodes.len()],
+                    nodes,
+                    disks,
+                    tell_slots: true,
+                    multiuser_cache: false,
+                }
+            }
+        }
+    }
+}
+
 /// Simulated time: every real-hardware duration is divided by this factor.
 #[derive(Clone, Copy, Debug)]
 pub struct TimeScale(pub f64);
@@ -116,24 +230,22 @@ impl TimeScale {
     }
 }
 
-/// The stand-in configuration of one node: every model that fits its memory is on its disk
-/// (an operator pulls what a machine can run), and the chat model is preloaded.
-pub fn standin_config(spec: &NodeSpec, scale: TimeScale) -> StandinConfig {
-    let memory_bytes = spec.memory_gib * GIB;
-    let on_disk = models()
-        .into_iter()
-        .map(|m| StandinModel::new(m.name, (m.size_gb * 1e9) as u64, m.context))
-        .filter(|m| m.size_bytes <= memory_bytes)
-        .collect();
+/// The stand-in configuration of one node of a plan.
+pub fn standin_config(plan: &Plan, node: usize, scale: TimeScale) -> StandinConfig {
+    let spec = &plan.nodes[node];
     let mut cfg = StandinConfig::new(spec.name);
-    cfg.memory_bytes = memory_bytes;
+    cfg.memory_bytes = spec.memory_gib * GIB;
     cfg.num_parallel = spec.slots;
-    cfg.models = on_disk;
-    cfg.preload = vec![CHAT_MODEL.to_string()];
+    cfg.models = plan.disks[node]
+        .iter()
+        .map(|m| StandinModel::new(m.name, (m.size_gb * 1e9) as u64, m.context))
+        .collect();
+    cfg.preload = plan.preload[node].iter().map(|m| m.to_string()).collect();
     cfg.load_time = scale.of_secs(spec.load_secs);
     cfg.prefill_per_token = scale.per_token(spec.prefill_tps);
     cfg.decode_per_token = scale.per_token(spec.decode_tps);
     cfg.keep_alive = scale.of_secs(KEEP_ALIVE_SECS);
+    cfg.multiuser_cache = plan.multiuser_cache;
     cfg
 }
 
@@ -143,12 +255,16 @@ pub struct Fleet {
     pub specs: Vec<NodeSpec>,
     pub configs: Vec<StandinConfig>,
     pub nodes: Vec<StandinNode>,
+    /// corral is told each node's slots.
+    tell_slots: bool,
 }
 
 impl Fleet {
-    pub async fn start(scale: TimeScale) -> Result<Fleet, String> {
-        let specs = nodes();
-        let configs: Vec<StandinConfig> = specs.iter().map(|s| standin_config(s, scale)).collect();
+    pub async fn start(plan: &Plan, scale: TimeScale) -> Result<Fleet, String> {
+        let specs = plan.nodes.clone();
+        let configs: Vec<StandinConfig> = (0..specs.len())
+            .map(|i| standin_config(plan, i, scale))
+            .collect();
         let mut nodes = Vec::with_capacity(configs.len());
         for cfg in &configs {
             let addr = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -161,6 +277,7 @@ impl Fleet {
             specs,
             configs,
             nodes,
+            tell_slots: plan.tell_slots,
         })
     }
 
@@ -201,7 +318,20 @@ impl Fleet {
 pub struct CorralProcess {
     child: Child,
     pub url: String,
+    /// Where corral serves its Prometheus metrics.
+    metrics_url: String,
     config: PathBuf,
+}
+
+/// What corral's own metrics counted over a run, fleet-wide.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CorralCounts {
+    /// `corral_cold_loads_total`: loads corral caused.
+    pub loads: u64,
+    /// `corral_evictions_seen_total`: models it saw pushed out by another's load.
+    pub evictions: u64,
+    /// `corral_model_loads_total`: replies that reported a load.
+    pub load_replies: u64,
 }
 
 /// How often corral polls `/api/ps` and checks health during the replay.
@@ -212,7 +342,8 @@ impl CorralProcess {
     /// node at least once.
     pub async fn start(binary: &Path, fleet: &Fleet, scale: TimeScale) -> Result<Self, String> {
         let port = free_port()?;
-        let yaml = corral_yaml(port, fleet, scale);
+        let metrics_port = free_port()?;
+        let yaml = corral_yaml(port, metrics_port, fleet, scale);
         let config = std::env::temp_dir().join(format!("corral-bench-{port}.yaml"));
         std::fs::File::create(&config)
             .and_then(|mut f| f.write_all(yaml.as_bytes()))
@@ -229,14 +360,15 @@ impl CorralProcess {
         let process = CorralProcess {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics"),
             config,
         };
         process.wait_ready(port).await?;
         Ok(process)
     }
 
-    /// Waits until the port accepts connections and `/api/ps` lists a model, then two more
-    /// poll intervals so that every node has been read.
+    /// Waits until the port accepts connections and `/api/tags` lists the chat model (a
+    /// poll came in), then two more poll intervals so that every node has been read.
     async fn wait_ready(&self, port: u16) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -247,7 +379,7 @@ impl CorralProcess {
             }
             if TcpStream::connect(addr).is_ok() {
                 let listed = client
-                    .get(format!("{}/api/ps", self.url))
+                    .get(format!("{}/api/tags", self.url))
                     .send()
                     .await
                     .ok()
@@ -265,6 +397,38 @@ impl CorralProcess {
     }
 }
 
+impl CorralProcess {
+    /// corral's counts of loads and evictions so far, from its metrics, after two poll
+    /// intervals so that the last loads' polls are in.
+    pub async fn counts(&self) -> Result<CorralCounts, String> {
+        tokio::time::sleep(POLL_INTERVAL * 2).await;
+        let text = reqwest::get(&self.metrics_url)
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("cannot scrape corral: {e}"))?
+            .text()
+            .await
+            .map_err(|e| format!("cannot read corral's metrics: {e}"))?;
+        Ok(CorralCounts {
+            loads: metric_sum(&text, "corral_cold_loads_total"),
+            evictions: metric_sum(&text, "corral_evictions_seen_total"),
+            load_replies: metric_sum(&text, "corral_model_loads_total"),
+        })
+    }
+}
+
+/// The sum of a metric's samples over all its labels, in Prometheus' text format.
+fn metric_sum(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
 impl Drop for CorralProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -276,24 +440,26 @@ impl Drop for CorralProcess {
 /// corral's configuration for the replay: the fleet as an operator would describe it
 /// (memory, slots), default weights, polls fast enough for simulated time, and an affinity
 /// lifetime equal to the nodes' keep-alive.
-fn corral_yaml(port: u16, fleet: &Fleet, scale: TimeScale) -> String {
+fn corral_yaml(port: u16, metrics_port: u16, fleet: &Fleet, scale: TimeScale) -> String {
     let ttl_ms = scale.of_secs(KEEP_ALIVE_SECS).as_millis().max(1);
     let mut yaml = format!(
         "version: 1\nthreads: 2\ngrace_period_seconds: 0\ngraceful_shutdown_timeout_seconds: 1\n\
          pid_file: /tmp/corral-bench-{port}.pid\nupgrade_sock: /tmp/corral-bench-{port}.sock\n\
-         listen: 127.0.0.1:{port}\nmetrics_listen: null\nadmin_listen: null\n\
+         listen: 127.0.0.1:{port}\nmetrics_listen: 127.0.0.1:{metrics_port}\nadmin_listen: null\n\
          poll:\n  interval: {}ms\n  timeout: 2s\nhealth:\n  interval: 1s\n\
          affinity:\n  ttl: {ttl_ms}ms\nnodes:\n",
         POLL_INTERVAL.as_millis()
     );
     for (node, cfg) in fleet.nodes.iter().zip(&fleet.configs) {
         yaml.push_str(&format!(
-            "  - name: {}\n    url: {}\n    memory_gb: {:.3}\n    num_parallel: {}\n",
+            "  - name: {}\n    url: {}\n    memory_gb: {:.3}\n",
             cfg.name,
             node.url(),
             cfg.memory_bytes as f64 / 1e9,
-            cfg.num_parallel
         ));
+        if fleet.tell_slots {
+            yaml.push_str(&format!("    num_parallel: {}\n", cfg.num_parallel));
+        }
     }
     yaml
 }
@@ -329,6 +495,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn metric_sums_add_every_label() {
+        let text = "# HELP corral_cold_loads_total x\n\
+                    corral_cold_loads_total{model=\"a\",node=\"n\"} 2\n\
+                    corral_cold_loads_total{model=\"b\",node=\"n\"} 1\n\
+                    corral_cold_loads_total_other 9\n";
+        assert_eq!(metric_sum(text, "corral_cold_loads_total"), 3);
+        assert_eq!(metric_sum(text, "corral_evictions_seen_total"), 0);
+    }
+
+    #[test]
     fn scale_divides_real_time() {
         let s = TimeScale(25.0);
         assert_eq!(s.of_secs(10.0), Duration::from_millis(400));
@@ -337,11 +513,19 @@ mod tests {
 
     #[test]
     fn models_fit_where_they_are_on_disk() {
-        for spec in nodes() {
-            let cfg = standin_config(&spec, TimeScale(25.0));
-            assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));
-            assert!(cfg.models.iter().all(|m| m.size_bytes <= cfg.memory_bytes));
+        for kind in [WorkloadKind::LongChat, WorkloadKind::Placement] {
+            let plan = Plan::of_kind(kind);
+            for i in 0..plan.nodes.len() {
+                let cfg = standin_config(&plan, i, TimeScale(25.0));
+                assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));
+                assert!(cfg.models.iter().all(|m| m.size_bytes <= cfg.memory_bytes));
+            }
         }
+        // Placement: any two of the smaller models fit a 24 GB node, all three do not.
+        let gib24 = (24 * GIB) as f64;
+        let sizes: Vec<f64> = placement_models().iter().map(|m| m.size_gb * 1e9).collect();
+        assert!(sizes[0] + sizes[1] <= gib24 && sizes[0] + sizes[2] <= gib24);
+        assert!(sizes[1] + sizes[2] > gib24);
         let total: f64 = models().iter().map(|m| m.size_gb).sum();
         let largest = nodes().iter().map(|n| n.memory_gib).max().unwrap_or(0);
         assert!(total * 1e9 > (largest * GIB) as f64);

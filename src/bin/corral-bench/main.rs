@@ -41,7 +41,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Replay multi-turn workloads through corral and the baseline policies.
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Serve an in-memory Ollama-shaped backend (for the overhead measurement).
     Backend {
         /// Loopback address to listen on.
@@ -160,6 +160,12 @@ struct ReplayArgs {
     think_secs: Option<f64>,
     #[arg(long)]
     seed: Option<u64>,
+    /// Run each workload once per seed (comma-separated), with a table of the spread.
+    #[arg(long, value_delimiter = ',')]
+    seeds: Vec<u64>,
+    /// Slots (`OLLAMA_NUM_PARALLEL`) of every node, instead of the fleet's own.
+    #[arg(long)]
+    node_slots: Option<usize>,
 }
 
 fn main() {
@@ -173,7 +179,7 @@ fn main() {
 
 fn run(command: Command) -> Result<(), String> {
     match command {
-        Command::Replay(args) => replay(args),
+        Command::Replay(args) => replay(*args),
         Command::Backend {
             listen,
             threads,
@@ -274,7 +280,9 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             reply_tokens: args.reply_tokens,
             think_secs: args.think_secs,
             seed: args.seed,
+            node_slots: args.node_slots,
         },
+        seeds: args.seeds,
         scale: TimeScale(args.time_scale),
         corral_bin: args.corral,
         out: args.out,

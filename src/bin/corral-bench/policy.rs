@@ -24,6 +24,9 @@ pub enum Policy {
     StickyHash,
     /// Through the corral router.
     Corral,
+    /// Through corral, one conversation at a time: the yardstick of the placement
+    /// workload's TTFT (not among the default policies).
+    CorralOneAtATime,
 }
 
 impl Policy {
@@ -42,7 +45,13 @@ impl Policy {
             Policy::LeastConnections => "least-connections",
             Policy::StickyHash => "sticky-hash",
             Policy::Corral => "corral",
+            Policy::CorralOneAtATime => "corral-1-at-a-time",
         }
+    }
+
+    /// The requests go through corral, which chooses the node.
+    pub fn through_corral(self) -> bool {
+        matches!(self, Policy::Corral | Policy::CorralOneAtATime)
     }
 }
 
@@ -85,7 +94,7 @@ impl Picker {
             return None;
         }
         let i = match self.policy {
-            Policy::Corral => return None,
+            Policy::Corral | Policy::CorralOneAtATime => return None,
             Policy::Random => self.rng.lock().below(n as u64) as usize,
             Policy::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
             Policy::StickyHash => sticky(conversation, n),

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::client;
-use crate::fleet::{CorralProcess, Fleet, TimeScale};
+use crate::fleet::{CorralCounts, CorralProcess, Fleet, Plan, TimeScale};
 use crate::policy::{Picker, Policy};
 use crate::workload::{Conversation, WorkloadSpec, rendered_tokens};
 
@@ -57,6 +57,8 @@ pub struct Run {
     pub node_names: Vec<String>,
     pub logs: Vec<Vec<ServedRequest>>,
     pub churn: Vec<ChurnCounts>,
+    /// What corral's metrics counted, for runs through corral.
+    pub corral_counts: Option<CorralCounts>,
     pub elapsed: Duration,
     pub timed_out: bool,
 }
@@ -78,12 +80,17 @@ pub async fn run(
     conversations: &[Arc<Conversation>],
     policy: Policy,
 ) -> Result<Run, String> {
-    let fleet = Fleet::start(env.scale).await?;
-    let corral = match (policy, &env.corral_bin) {
-        (Policy::Corral, Some(bin)) => Some(CorralProcess::start(bin, &fleet, env.scale).await?),
-        (Policy::Corral, None) => return Err("no corral binary to run".into()),
-        _ => None,
+    let fleet = Fleet::start(&Plan::for_workload(spec), env.scale).await?;
+    let corral = match (policy.through_corral(), &env.corral_bin) {
+        (true, Some(bin)) => Some(CorralProcess::start(bin, &fleet, env.scale).await?),
+        (true, None) => return Err("no corral binary to run".into()),
+        (false, _) => None,
     };
+    let mut spec = spec.clone();
+    if policy == Policy::CorralOneAtATime {
+        spec.concurrency = 1;
+    }
+    let spec = &spec;
     let client = reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(30))
         .build()
@@ -127,6 +134,10 @@ pub async fn run(
         aborts.iter().for_each(|a| a.abort());
     }
     let elapsed = started.elapsed();
+    let corral_counts = match &corral {
+        Some(corral) => Some(corral.counts().await?),
+        None => None,
+    };
     drop(corral);
 
     let records = std::mem::take(&mut *sink.lock());
@@ -138,6 +149,7 @@ pub async fn run(
         node_names: ctx.fleet.specs.iter().map(|s| s.name.to_string()).collect(),
         logs: ctx.fleet.logs(),
         churn: ctx.fleet.churn(),
+        corral_counts,
         elapsed,
         timed_out,
     })

@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::fleet::{NodeSpec, TimeScale};
+use crate::fleet::{CorralCounts, NodeSpec, Plan, TimeScale};
 use crate::policy::Policy;
 use crate::replay::{Run, TurnRecord};
 use crate::workload::{WorkloadKind, WorkloadSpec};
@@ -84,6 +84,8 @@ pub struct PolicyStats {
     pub keep_alive_unloads: u64,
     /// Requests that waited for a model load (triggered it or queued behind it).
     pub requests_waiting_on_loads: usize,
+    /// What corral's own metrics counted (runs through corral).
+    pub corral_counts: Option<CorralCounts>,
     pub elapsed_s: f64,
     pub turns_per_s: f64,
     pub output_tokens_per_s: f64,
@@ -145,6 +147,7 @@ pub fn stats(run: &Run) -> PolicyStats {
         evictions: run.churn.iter().map(|c| c.evictions).sum(),
         keep_alive_unloads: run.churn.iter().map(|c| c.expirations).sum(),
         requests_waiting_on_loads: run.logs.iter().flatten().filter(|l| l.cold_load).count(),
+        corral_counts: run.corral_counts,
         elapsed_s: secs,
         turns_per_s: ok.len() as f64 / secs,
         output_tokens_per_s: output as f64 / secs,
@@ -236,7 +239,7 @@ pub struct WorkloadReport {
 
 impl WorkloadReport {
     pub fn new(spec: WorkloadSpec, policies: Vec<PolicyStats>) -> WorkloadReport {
-        let goals = goals(spec.kind, &policies);
+        let goals = goals(&spec, &policies);
         WorkloadReport {
             spec,
             policies,
@@ -249,13 +252,13 @@ impl WorkloadReport {
     }
 }
 
-fn goals(kind: WorkloadKind, policies: &[PolicyStats]) -> Vec<Goal> {
+fn goals(spec: &WorkloadSpec, policies: &[PolicyStats]) -> Vec<Goal> {
     let get = |p: Policy| policies.iter().find(|s| s.policy == p);
     let mut out = Vec::new();
     let Some(corral) = get(Policy::Corral) else {
         return out;
     };
-    match kind {
+    match spec.kind {
         WorkloadKind::LongChat => {
             let warm = corral.follow_up_warm.share();
             if let Some(sticky) = get(Policy::StickyHash) {
@@ -284,7 +287,7 @@ fn goals(kind: WorkloadKind, policies: &[PolicyStats]) -> Vec<Goal> {
         WorkloadKind::ModelMix => {
             let others: Vec<_> = policies
                 .iter()
-                .filter(|p| p.policy != Policy::Corral)
+                .filter(|p| !p.policy.through_corral())
                 .collect();
             let fewest = others.iter().map(|p| p.cold_loads).min().unwrap_or(0);
             out.push(Goal {
@@ -295,6 +298,33 @@ fn goals(kind: WorkloadKind, policies: &[PolicyStats]) -> Vec<Goal> {
                 ),
                 met: !others.is_empty() && corral.cold_loads < fewest,
             });
+        }
+        WorkloadKind::Placement => {
+            // Every model must be loaded once: the nodes start empty.
+            let minimum = spec.models.len() as u64;
+            out.push(Goal {
+                goal: "model loads at most 1.5x the minimum".into(),
+                measured: format!("{} loads, minimum {minimum}", corral.cold_loads),
+                met: corral.cold_loads * 2 <= minimum * 3,
+            });
+            if let Some(alone) = get(Policy::CorralOneAtATime) {
+                let (c, a) = (corral.ttft_follow_up_ms.p90, alone.ttft_follow_up_ms.p90);
+                out.push(Goal {
+                    goal: "follow-up TTFT p90 within 2x of corral's 1-at-a-time p90".into(),
+                    measured: format!("{c:.1} ms vs {a:.1} ms ({:.2}x)", c / a),
+                    met: c <= 2.0 * a,
+                });
+            }
+            if let Some(counts) = corral.corral_counts {
+                out.push(Goal {
+                    goal: "corral's counters agree with the nodes' own counts".into(),
+                    measured: format!(
+                        "loads {} vs nodes' {}, evictions {} vs nodes' {}",
+                        counts.loads, corral.cold_loads, counts.evictions, corral.evictions
+                    ),
+                    met: counts.loads == corral.cold_loads && counts.evictions == corral.evictions,
+                });
+            }
         }
         WorkloadKind::SharedSystem | WorkloadKind::Overload => {}
     }
@@ -380,8 +410,99 @@ impl ReplayReport {
         for w in &self.workloads {
             md.push_str(&workload_markdown(w));
         }
+        md.push_str(&spread_markdown(&self.workloads));
         md
     }
+}
+
+/// For workloads run with several seeds: each policy's range over the seeds.
+fn spread_markdown(workloads: &[WorkloadReport]) -> String {
+    let mut md = String::new();
+    let mut kinds: Vec<WorkloadKind> = Vec::new();
+    for w in workloads {
+        if !kinds.contains(&w.spec.kind) {
+            kinds.push(w.spec.kind);
+        }
+    }
+    for kind in kinds {
+        let runs: Vec<&WorkloadReport> = workloads.iter().filter(|w| w.spec.kind == kind).collect();
+        if runs.len() < 2 {
+            continue;
+        }
+        let seeds: Vec<String> = runs.iter().map(|w| w.spec.seed.to_string()).collect();
+        let _ = writeln!(
+            md,
+            "\n### {} over seeds {}: min-max (mean)\n",
+            kind.name(),
+            seeds.join(", ")
+        );
+        md.push_str(
+            "| policy | model loads | evictions | follow-up warm | TTFT follow-up p50 ms | \
+             TTFT follow-up p90 ms | corral's counts agree |\n",
+        );
+        md.push_str("| --- | --- | --- | --- | --- | --- | --- |\n");
+        let mut policies: Vec<Policy> = Vec::new();
+        for p in runs.iter().flat_map(|w| &w.policies) {
+            if !policies.contains(&p.policy) {
+                policies.push(p.policy);
+            }
+        }
+        for policy in policies {
+            let stats: Vec<&PolicyStats> = runs.iter().filter_map(|w| w.get(policy)).collect();
+            let range = |f: &dyn Fn(&PolicyStats) -> f64, fmt: &dyn Fn(f64) -> String| {
+                let v: Vec<f64> = stats.iter().map(|s| f(s)).collect();
+                let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+                format!("{}-{} ({})", fmt(min), fmt(max), fmt(mean))
+            };
+            let count = |x: f64| format!("{x:.0}");
+            let counted: Vec<bool> = stats
+                .iter()
+                .filter_map(|s| {
+                    let c = s.corral_counts?;
+                    Some(c.loads == s.cold_loads && c.evictions == s.evictions)
+                })
+                .collect();
+            let agree = if counted.is_empty() {
+                "-".to_string()
+            } else {
+                let n = counted.iter().filter(|a| **a).count();
+                format!("{n} of {}", counted.len())
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {agree} |",
+                policy.name(),
+                range(&|s| s.cold_loads as f64, &count),
+                range(&|s| s.evictions as f64, &count),
+                range(&|s| s.follow_up_warm.share(), &pct),
+                range(&|s| s.ttft_follow_up_ms.p50, &ms),
+                range(&|s| s.ttft_follow_up_ms.p90, &ms),
+            );
+        }
+        for w in &runs {
+            let missed: Vec<&str> = w
+                .goals
+                .iter()
+                .filter(|g| !g.met)
+                .map(|g| g.goal.as_str())
+                .collect();
+            let _ = writeln!(
+                md,
+                "- seed {}: {} of {} goals met{}",
+                w.spec.seed,
+                w.goals.len() - missed.len(),
+                w.goals.len(),
+                if missed.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (missed: {})", missed.join("; "))
+                }
+            );
+        }
+    }
+    md
 }
 
 fn workload_markdown(w: &WorkloadReport) -> String {
@@ -401,6 +522,9 @@ fn workload_markdown(w: &WorkloadReport) -> String {
         s.think_secs,
         s.seed
     );
+    if s.kind == WorkloadKind::Placement {
+        md.push_str(&fleet_markdown(&Plan::for_workload(s)));
+    }
     md.push_str(
         "| policy | follow-up warm | first-turn warm | TTFT first p50 / p90 / p99 ms | \
          TTFT follow-up p50 / p90 / p99 ms | cold loads | evictions | keep-alive unloads | \
@@ -444,16 +568,59 @@ fn checks_markdown(w: &WorkloadReport) -> String {
         let _ = writeln!(
             md,
             "- {}: {} of {} turns found in node logs, {} disagree with the reply's \
-             prompt_eval_count; follow-up warm share by replies {}; turns per node {:?}{}",
+             prompt_eval_count; follow-up warm share by replies {}; turns per node {:?}{}{}",
             p.policy.name(),
             p.matched_in_logs,
             p.turns,
             p.log_reply_disagreements,
             pct(p.follow_up_warm_by_reply.share()),
             p.turns_per_node,
-            affinity_note(p)
+            affinity_note(p),
+            counts_note(p)
         );
     }
+    md
+}
+
+fn counts_note(p: &PolicyStats) -> String {
+    p.corral_counts.map_or(String::new(), |c| {
+        format!(
+            "; corral counted {} loads it caused and {} evictions (nodes: {} loads, {} evictions)",
+            c.loads, c.evictions, p.cold_loads, p.evictions
+        )
+    })
+}
+
+/// A workload's own fleet, where it is not the default one.
+fn fleet_markdown(plan: &Plan) -> String {
+    let mut md = String::from("Its fleet (corral is told each node's memory");
+    md.push_str(if plan.tell_slots {
+        " and slots):\n\n"
+    } else {
+        " only):\n\n"
+    });
+    md.push_str(
+        "| node | memory | slots | models on disk (GB) | prefill / decode tok/s | load |\n",
+    );
+    md.push_str("| --- | --- | --- | --- | --- | --- |\n");
+    for (n, disk) in plan.nodes.iter().zip(&plan.disks) {
+        let models: Vec<String> = disk
+            .iter()
+            .map(|m| format!("{} ({})", m.name, m.size_gb))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} GiB | {} | {} | {:.0} / {:.0} | {:.0} s |",
+            n.name,
+            n.memory_gib,
+            n.slots,
+            models.join(", "),
+            n.prefill_tps,
+            n.decode_tps,
+            n.load_secs
+        );
+    }
+    md.push('\n');
     md
 }
 

@@ -14,6 +14,8 @@ pub struct Options {
     pub workloads: Vec<WorkloadKind>,
     pub policies: Vec<Policy>,
     pub overrides: Overrides,
+    /// Run every workload once per seed (empty: once, with --seed or its default).
+    pub seeds: Vec<u64>,
     pub scale: TimeScale,
     pub corral_bin: Option<PathBuf>,
     pub out: PathBuf,
@@ -31,14 +33,27 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
         run_timeout: std::time::Duration::from_secs(600),
     };
     let mut workloads = Vec::new();
-    for &kind in &opts.workloads {
-        let spec = WorkloadSpec::default_for(kind).with(&opts.overrides);
+    let seeds: Vec<Option<u64>> = if opts.seeds.is_empty() {
+        vec![None]
+    } else {
+        opts.seeds.iter().copied().map(Some).collect()
+    };
+    let runs = opts
+        .workloads
+        .iter()
+        .flat_map(|&kind| seeds.iter().map(move |&seed| (kind, seed)));
+    for (kind, seed) in runs {
+        let mut spec = WorkloadSpec::default_for(kind).with(&opts.overrides);
+        if let Some(seed) = seed {
+            spec.seed = seed;
+        }
         let conversations = workload::conversations(&spec);
         let mut policies = Vec::new();
         for &policy in &opts.policies {
             eprintln!(
-                "corral-bench: {} through {} ...",
+                "corral-bench: {} (seed {}) through {} ...",
                 kind.name(),
+                spec.seed,
                 policy.name()
             );
             let run = replay::run(&env, &spec, &conversations, policy).await?;
@@ -58,7 +73,13 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
     let report = ReplayReport {
         time_scale: opts.scale.0,
         machine: machine(),
-        fleet: fleet::nodes().iter().map(NodeRow::of).collect(),
+        fleet: fleet::nodes()
+            .iter()
+            .map(|n| NodeRow {
+                slots: opts.overrides.node_slots.unwrap_or(n.slots),
+                ..NodeRow::of(n)
+            })
+            .collect(),
         workloads,
     };
     write_outputs(&report, &opts)?;
@@ -66,7 +87,7 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
 }
 
 fn resolve_corral(opts: &Options) -> Result<Option<PathBuf>, String> {
-    if !opts.policies.contains(&Policy::Corral) {
+    if !opts.policies.iter().any(|p| p.through_corral()) {
         return Ok(None);
     }
     match &opts.corral_bin {

@@ -25,9 +25,14 @@ pub enum WorkloadKind {
     ModelMix,
     /// More concurrent conversations than the fleet has slots.
     Overload,
+    /// Three models on a fleet where each fits somewhere without evicting another, and
+    /// conversations that start all at once (its own fleet: see `fleet::Plan`).
+    Placement,
 }
 
 impl WorkloadKind {
+    /// The workloads run when none is named. `placement` runs on a fleet of its own and
+    /// is named explicitly (scripts/bench-placement.sh).
     pub const ALL: [WorkloadKind; 4] = [
         WorkloadKind::LongChat,
         WorkloadKind::SharedSystem,
@@ -41,6 +46,7 @@ impl WorkloadKind {
             WorkloadKind::SharedSystem => "shared-system",
             WorkloadKind::ModelMix => "model-mix",
             WorkloadKind::Overload => "overload",
+            WorkloadKind::Placement => "placement",
         }
     }
 }
@@ -67,6 +73,8 @@ pub struct WorkloadSpec {
     /// Models and their share of conversations.
     pub models: Vec<(String, u32)>,
     pub seed: u64,
+    /// Slots of every node, instead of the fleet's own.
+    pub node_slots: Option<usize>,
 }
 
 /// Values given on the command line, applied to every selected workload.
@@ -80,6 +88,7 @@ pub struct Overrides {
     pub reply_tokens: Option<u32>,
     pub think_secs: Option<f64>,
     pub seed: Option<u64>,
+    pub node_slots: Option<usize>,
 }
 
 impl WorkloadSpec {
@@ -99,6 +108,7 @@ impl WorkloadSpec {
             system_prompts: 0,
             models: chat_only,
             seed: 42,
+            node_slots: None,
         };
         match kind {
             WorkloadKind::LongChat => base,
@@ -118,6 +128,18 @@ impl WorkloadSpec {
                 prompt_tokens: 3_000,
                 followup_tokens: 200,
                 models: model_mix(),
+                ..base
+            },
+            WorkloadKind::Placement => WorkloadSpec {
+                conversations: 24,
+                turns: 5,
+                concurrency: 6,
+                prompt_tokens: 3_000,
+                followup_tokens: 200,
+                models: crate::fleet::placement_models()
+                    .into_iter()
+                    .map(|m| (m.name.to_string(), 1))
+                    .collect(),
                 ..base
             },
             WorkloadKind::Overload => WorkloadSpec {
@@ -141,6 +163,7 @@ impl WorkloadSpec {
         self.reply_tokens = o.reply_tokens.unwrap_or(self.reply_tokens).max(1);
         self.think_secs = o.think_secs.unwrap_or(self.think_secs).max(0.0);
         self.seed = o.seed.unwrap_or(self.seed);
+        self.node_slots = o.node_slots.map(|n| n.max(1)).or(self.node_slots);
         self
     }
 }
@@ -194,9 +217,16 @@ fn shared_system_prompts(spec: &WorkloadSpec) -> Vec<Arc<str>> {
 fn conversation(spec: &WorkloadSpec, systems: &[Arc<str>], id: usize) -> Conversation {
     let mut rng = Rng::derive(spec.seed, spec.kind.name(), id as u64);
     let weights: Vec<u32> = spec.models.iter().map(|(_, w)| *w).collect();
+    let drawn = rng.weighted(&weights);
+    // Placement: a third per model, in turn, so that the first arrivals ask for every
+    // model at once.
+    let index = match spec.kind {
+        WorkloadKind::Placement => id % spec.models.len().max(1),
+        _ => drawn,
+    };
     let model = spec
         .models
-        .get(rng.weighted(&weights))
+        .get(index)
         .map_or(CHAT_MODEL.to_string(), |(m, _)| m.clone());
     let system = (!systems.is_empty()).then(|| {
         let i = rng.below(systems.len() as u64) as usize;
@@ -206,7 +236,9 @@ fn conversation(spec: &WorkloadSpec, systems: &[Arc<str>], id: usize) -> Convers
         // The system prompt carries the long context; the question is short.
         WorkloadKind::SharedSystem => rng.around(spec.followup_tokens, 0.5),
         WorkloadKind::LongChat => rng.around(spec.prompt_tokens, 0.1),
-        WorkloadKind::ModelMix | WorkloadKind::Overload => rng.around(spec.prompt_tokens, 0.3),
+        WorkloadKind::ModelMix | WorkloadKind::Overload | WorkloadKind::Placement => {
+            rng.around(spec.prompt_tokens, 0.3)
+        }
     };
     let mut messages = vec![format!(
         "[user {id}] {}",
@@ -219,13 +251,19 @@ fn conversation(spec: &WorkloadSpec, systems: &[Arc<str>], id: usize) -> Convers
     let think_secs = (1..spec.turns)
         .map(|_| spec.think_secs * (0.5 + rng.unit()))
         .collect();
+    let spread = spec.think_secs * rng.unit();
     Conversation {
         id,
         model,
         system,
         messages,
         think_secs,
-        start_secs: spec.think_secs * rng.unit(),
+        // Placement: the first conversations arrive together.
+        start_secs: if spec.kind == WorkloadKind::Placement {
+            0.0
+        } else {
+            spread
+        },
     }
 }
 
@@ -271,6 +309,17 @@ mod tests {
         let tokens = c.messages[0].len() / BYTES_PER_TOKEN;
         assert!((21_000..=27_000).contains(&tokens), "{tokens}");
         assert_eq!(c.think_secs.len(), spec.turns - 1);
+    }
+
+    #[test]
+    fn placement_asks_for_every_model_at_once() {
+        let spec = WorkloadSpec::default_for(WorkloadKind::Placement);
+        let c = conversations(&spec);
+        let first: Vec<&str> = c[..6].iter().map(|c| c.model.as_str()).collect();
+        for (model, _) in &spec.models {
+            assert_eq!(first.iter().filter(|m| *m == model).count(), 2, "{model}");
+        }
+        assert!(c.iter().all(|c| c.start_secs == 0.0));
     }
 
     #[test]

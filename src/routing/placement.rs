@@ -1,0 +1,155 @@
+//! What a node holds in memory, as corral believes it between polls, and what loading one
+//! more model there would cost.
+//!
+//! `/api/ps` is the truth, but only as of the last poll. Between polls corral knows more: a
+//! reply for a model came from memory, and a request it sent where the model was not
+//! resident is loading it now. Neither may be added on top of what the poll saw without
+//! limit: a node holds only what fits in its memory, and a load that did not fit evicted
+//! something. So the models a node is believed to hold are counted most certain first, then
+//! most recently seen, only up to the node's memory; what does not fit is taken as evicted.
+
+use std::time::Instant;
+
+/// One model a node may hold.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Held<'a> {
+    pub model: &'a str,
+    /// Bytes it takes in memory.
+    pub size: u64,
+    /// Requests run or wait for it there, or corral sent one that loads it: it is there (or
+    /// will be) whatever else was seen.
+    pub certain: bool,
+    /// The latest sign of it there: the poll that listed it or the reply that came from it.
+    pub seen: Option<Instant>,
+    /// Requests run or wait for it there: Ollama unloads it only once they are done.
+    pub busy: bool,
+}
+
+/// A node's memory as corral believes it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Believed<'a> {
+    /// The models held, most certain and most recent first.
+    pub models: Vec<&'a str>,
+    pub footprint: Footprint,
+}
+
+/// Bytes taken in a node's memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// By the models held.
+    pub used: u64,
+    /// By held models that nothing runs or waits for: what a load can evict at once.
+    pub idle: u64,
+}
+
+impl Believed<'_> {
+    pub fn holds(&self, model: &str) -> bool {
+        self.models.contains(&model)
+    }
+}
+
+/// The models a node holds: the certain ones, then the others from the most recently seen,
+/// while they fit in `total` bytes (all of them when the memory is unknown).
+pub fn believed<'a>(total: Option<u64>, mut held: Vec<Held<'a>>) -> Believed<'a> {
+    // Certain first, then the latest seen; `None` (never seen) last.
+    held.sort_by(|a, b| b.certain.cmp(&a.certain).then(b.seen.cmp(&a.seen)));
+    let mut out = Believed::default();
+    let f = &mut out.footprint;
+    for h in held {
+        let fits = total.is_none_or(|t| f.used.saturating_add(h.size) <= t);
+        if !(h.certain || fits) {
+            continue;
+        }
+        out.models.push(h.model);
+        f.used = f.used.saturating_add(h.size);
+        if !h.busy {
+            f.idle = f.idle.saturating_add(h.size);
+        }
+    }
+    out
+}
+
+/// Loading a model of `need` bytes here would have to unload a model that requests are
+/// running or waiting for: free memory plus every idle model is not enough. Ollama then
+/// waits for those requests and unloads that model under them, so any other placement is
+/// better. Unknown sizes or memory never say so.
+pub fn evicts_busy(need: Option<u64>, total: Option<u64>, m: &Footprint) -> bool {
+    let (Some(need), Some(total)) = (need, total) else {
+        return false;
+    };
+    let free = total.saturating_sub(m.used);
+    need > free.saturating_add(m.idle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn held(model: &str, size_gb: u64, seen_ago_ms: u64, now: Instant) -> Held<'_> {
+        Held {
+            model,
+            size: size_gb * GB,
+            certain: false,
+            seen: Some(now - Duration::from_millis(seen_ago_ms)),
+            busy: false,
+        }
+    }
+
+    #[test]
+    fn models_count_only_up_to_memory_most_recent_first() {
+        let now = Instant::now();
+        // The poll saw a and b; replies then came from c, then from a again: c's load
+        // evicted one of them, and a was used after that, so b is the one taken as gone.
+        let m = believed(
+            Some(24 * GB),
+            vec![
+                held("a", 5, 10, now),
+                held("b", 13, 300, now),
+                held("c", 16, 100, now),
+            ],
+        );
+        assert_eq!(m.models, ["a", "c"]);
+        assert_eq!(m.footprint.used, 21 * GB);
+        assert!(!m.holds("b"));
+        // Memory unknown: everything seen counts.
+        let all = believed(None, vec![held("a", 5, 10, now), held("b", 13, 300, now)]);
+        assert_eq!(all.footprint.used, 18 * GB);
+    }
+
+    #[test]
+    fn certain_models_always_count_and_busy_ones_are_not_idle() {
+        let now = Instant::now();
+        let loading = Held {
+            certain: true,
+            busy: true,
+            seen: None,
+            ..held("new", 16, 0, now)
+        };
+        let m = believed(
+            Some(24 * GB),
+            vec![held("old", 13, 0, now), held("small", 5, 50, now), loading],
+        );
+        assert_eq!(m.models, ["new", "small"], "old no longer fits beside new");
+        assert_eq!(m.footprint.idle, 5 * GB);
+    }
+
+    #[test]
+    fn evicting_busy_models_only_when_idle_and_free_memory_fall_short() {
+        let now = Instant::now();
+        let busy = |model, gb| Held {
+            busy: true,
+            ..held(model, gb, 0, now)
+        };
+        let total = Some(24 * GB);
+        // 16 GB busy, 5 GB idle, 3 GB free.
+        let m = believed(total, vec![busy("x", 16), held("y", 5, 0, now)]);
+        let f = &m.footprint;
+        assert!(!evicts_busy(Some(8 * GB), total, f), "evicting y is enough");
+        assert!(evicts_busy(Some(9 * GB), total, f), "x would have to go");
+        assert!(!evicts_busy(None, total, f));
+        assert!(!evicts_busy(Some(9 * GB), None, f));
+    }
+}
