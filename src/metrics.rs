@@ -112,6 +112,29 @@ impl Metrics {
     }
 }
 
+/// Every `kind` of `corral_upstream_errors_total` (see `proxy/forward.rs`).
+pub const UPSTREAM_ERROR_KINDS: &[&str] = &[
+    "connect",
+    "reset",
+    "first_byte_timeout",
+    "broken_stream",
+    "idle_timeout",
+    "status_5xx",
+];
+
+impl Metrics {
+    /// Creates every per-node counter the dashboard queries at 0, so that its panels show
+    /// 0 on a healthy fleet rather than "No data" until the first failure.
+    pub fn count_nodes<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            self.retries.with_label_values(&[name]);
+            for kind in UPSTREAM_ERROR_KINDS {
+                self.upstream_errors.with_label_values(&[name, kind]);
+            }
+        }
+    }
+}
+
 /// The model label: the model if some node reports it, else `other`.
 pub fn model_label<'a>(fleet: &Fleet, model: &'a str) -> &'a str {
     let known = fleet.nodes().iter().any(|n| {
@@ -124,6 +147,8 @@ pub fn model_label<'a>(fleet: &Fleet, model: &'a str) -> &'a str {
 /// Reads fleet state into gauges at scrape time.
 pub struct FleetCollector {
     router: Arc<Router>,
+    /// For the per-node counters of nodes a reload added.
+    metrics: Arc<Metrics>,
     node_up: IntGaugeVec,
     in_flight: IntGaugeVec,
     waiting: IntGaugeVec,
@@ -135,7 +160,7 @@ pub struct FleetCollector {
 }
 
 impl FleetCollector {
-    pub fn new(router: Arc<Router>) -> prometheus::Result<FleetCollector> {
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> prometheus::Result<FleetCollector> {
         let node_up = IntGaugeVec::new(
             Opts::new("corral_node_up", "1 when the node passes health checks."),
             &["node"],
@@ -194,6 +219,7 @@ impl FleetCollector {
         .collect();
         Ok(FleetCollector {
             router,
+            metrics,
             node_up,
             in_flight,
             waiting,
@@ -222,7 +248,9 @@ impl FleetCollector {
         }
         self.success_ratio.reset();
         let fleet = &self.router.fleet;
-        for node in fleet.nodes().iter() {
+        let nodes = fleet.nodes();
+        self.metrics.count_nodes(nodes.iter().map(|n| n.name()));
+        for node in nodes.iter() {
             let name = node.name();
             self.node_up
                 .with_label_values(&[name])

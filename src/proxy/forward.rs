@@ -19,7 +19,7 @@ use pingora_proxy::Session;
 use super::RequestCtx;
 use super::reply::{ReplyStats, Tail};
 use crate::config::{Config, Timeouts};
-use crate::fleet::{Fleet, Node};
+use crate::fleet::{Evidence, Fleet, Node, Rules};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
 use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
@@ -59,6 +59,12 @@ struct AttemptError {
 }
 
 impl AttemptError {
+    /// The node did not take the request at all (refused, unreachable): it has not seen it,
+    /// and it may come back.
+    fn unreachable(&self) -> bool {
+        self.kind() == "connect" && !self.timed_out
+    }
+
     /// The `kind` label of `corral_upstream_errors_total`.
     fn kind(&self) -> &'static str {
         use ErrorType::*;
@@ -95,8 +101,8 @@ impl Forwarder {
         // Refused, or closed before a reply on a fresh connection: the node is down or
         // restarting. Cut it off now, before this request's slot is handed to a waiter.
         if matches!(error.kind(), "connect" | "reset") {
-            let cooldown = router.config().breaker.cooldown;
-            node.breaker.lock().trip(Instant::now(), cooldown);
+            let rules = Rules::of(&router.config());
+            router.fleet.learn(&node, Evidence::Refused, &rules);
         }
         dispatch.finish(Outcome::default());
         let name = node.name();
@@ -110,9 +116,11 @@ impl Forwarder {
 
     /// Finds a node with a free slot for the request, sends it, and streams the reply.
     /// When every candidate is busy the request waits in corral (bounded in count and
-    /// time) and is scored again whenever a request finishes. A node that fails before
+    /// time) and is scored again on every change that could move it: a slot freed or a
+    /// load for its model, a node admitted or cut off, a reload. A node that fails before
     /// replying is left out and the request is scored again without it, at most
-    /// `limits.max_retries` times.
+    /// `limits.max_retries` times; when every node refused the connection (none has seen
+    /// the request), the request waits for one to come back, up to `queue.max_wait`.
     pub async fn forward(
         &self,
         router: &Arc<Router>,
@@ -123,24 +131,51 @@ impl Forwarder {
     ) -> Result<()> {
         let config = router.config();
         let deadline = Instant::now() + config.queue.max_wait;
-        // Nodes tried so far, and how each failed.
+        // Nodes tried since the request last waited, and how each failed.
         let mut failures: Vec<Failure> = Vec::new();
+        // Failed attempts in all, for `X-Fleet-Retries`.
+        let mut retries = 0;
         let mut waiting: Option<WaitTicket> = None;
+        let listener = router.listen(&profile.model_key);
         loop {
             // The request's own wait must not weigh on its new ranking.
             drop(waiting.take());
-            // Listen before looking, so that a slot freed meanwhile is not missed.
-            let freed = router.slot_freed();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
+            // Listen before looking, so that news meanwhile is not missed.
+            let news = listener.news(&router.fleet.wakeups);
             let decision = match router.decide(profile) {
                 Ok(decision) => decision,
                 Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
                 Err(e) => return refuse(session, ctx, e, &config).await,
             };
             let tried: Vec<u16> = failures.iter().map(|f| f.node).collect();
-            let (candidate, dispatch) = match pick(router, &decision, &tried, profile) {
+            let exhausted = failures.len() > config.limits.max_retries;
+            let picked = if exhausted {
+                Pick::Exhausted
+            } else {
+                pick(router, &decision, &tried, profile)
+            };
+            let (candidate, dispatch) = match picked {
                 Pick::Send(candidate, dispatch) => (candidate, dispatch),
+                Pick::Exhausted if failures.iter().all(|f| f.error.unreachable()) => {
+                    // Nothing listens anywhere: the fleet is restarting, or starting with
+                    // corral. Wait for a node to come back rather than refuse.
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match race(session, left, news).await {
+                        Wait::Done(()) => {
+                            failures.clear();
+                            continue;
+                        }
+                        Wait::TimedOut => {
+                            let message =
+                                "every node refused the connection, and none came back in time";
+                            return busy(session, ctx, message, &config).await;
+                        }
+                        Wait::ClientGone => {
+                            ctx.client_gone = true;
+                            return Ok(());
+                        }
+                    }
+                }
                 Pick::Exhausted => return fail(session, ctx, &failures).await,
                 Pick::Wait(best) => {
                     let max = config.queue.max_waiting;
@@ -150,7 +185,7 @@ impl Forwarder {
                         return busy(session, ctx, message, &config).await;
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match race(session, left, freed.as_mut()).await {
+                    match race(session, left, news).await {
                         Wait::Done(()) => continue,
                         Wait::TimedOut => {
                             let message = "no node had a free slot in time";
@@ -168,7 +203,7 @@ impl Forwarder {
                 candidate,
                 decision: &decision,
                 profile,
-                retries: failures.len(),
+                retries,
             };
             match self
                 .attempt(session, ctx, body, attempt, dispatch, &config.timeouts)
@@ -176,14 +211,12 @@ impl Forwarder {
             {
                 Ok(result) => return result,
                 Err(error) => {
+                    retries += 1;
                     failures.push(Failure {
                         node: candidate.node.id,
                         name: candidate.node.name().to_string(),
                         error,
                     });
-                    if failures.len() > config.limits.max_retries {
-                        return fail(session, ctx, &failures).await;
-                    }
                 }
             }
         }
@@ -286,7 +319,7 @@ impl Forwarder {
                     started,
                     retries: attempt.retries,
                     idle: timeouts.idle,
-                    breaker_cooldown: attempt.router.config().breaker.cooldown,
+                    rules: Rules::of(&attempt.router.config()),
                 };
                 let result = self
                     .relay(session, ctx, upstream, &peer, dispatch, reply)
@@ -474,9 +507,7 @@ impl Forwarder {
             if *kind == "broken_stream" {
                 // The connection dropped mid-reply: most likely the node went down. Cut it
                 // off before the slots it frees draw waiting requests to it.
-                node.breaker
-                    .lock()
-                    .trip(Instant::now(), reply.breaker_cooldown);
+                reply.fleet.learn(node, Evidence::Refused, &reply.rules);
             }
             dispatch.finish(Outcome::default());
             ctx.broken = true;
@@ -575,10 +606,7 @@ struct Attempt<'a> {
 
 /// The node's peer at its last resolved address; `None` while its name never resolved.
 fn peer(node: &Node, timeouts: &Timeouts) -> Option<HttpPeer> {
-    let addr = node.resolved()?.addr;
-    let t = &node.target;
-    let mut peer = HttpPeer::new(addr, t.tls, t.host.clone());
-    peer.options.connection_timeout = Some(timeouts.connect);
+    let mut peer = node.peer(timeouts.connect)?;
     peer.options.write_timeout = Some(timeouts.idle);
     peer.options.idle_timeout = Some(POOL_IDLE);
     Some(peer)
@@ -662,7 +690,8 @@ struct Relay<'a> {
     retries: usize,
     /// Longest silence allowed between two chunks.
     idle: Duration,
-    breaker_cooldown: Duration,
+    /// For what a reply broken off teaches about the node.
+    rules: Rules,
 }
 
 /// How a reply is framed, which decides how a reply cut short is ended for the client.
@@ -766,14 +795,7 @@ fn upstream_request(
         }
         req.append_header(name.clone(), value.clone())?;
     }
-    let t = &node.target;
-    let host = if t.host.contains(':') {
-        // An IPv6 address is bracketed in a Host header.
-        format!("[{}]:{}", t.host, t.port)
-    } else {
-        format!("{}:{}", t.host, t.port)
-    };
-    req.insert_header("Host", host)?;
+    req.insert_header("Host", node.host_header())?;
     req.insert_header("Content-Length", body_len.to_string())?;
     Ok(req)
 }

@@ -12,14 +12,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use tokio::sync::Notify;
 
 pub use affinity::{AffinityTable, Entry};
 pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
-use crate::config::{BreakerConfig, Config, NodeConfig};
-use crate::fleet::{Fleet, ModelState, Node, Slot};
+use crate::config::{Config, NodeConfig};
+use crate::fleet::{Evidence, Fleet, Listener, ModelState, Node, Rules, Slot};
 use crate::request::Profile;
 
 pub struct Router {
@@ -28,8 +27,6 @@ pub struct Router {
     /// The configuration in force; replaced whole on reload.
     config: ArcSwap<Config>,
     next_lineage: AtomicU64,
-    /// Woken whenever a request finishes, so that waiting requests look again.
-    slot_freed: Notify,
     /// Requests waiting for a slot, fleet-wide (per node and model in `ModelState`).
     waiting: AtomicUsize,
 }
@@ -116,7 +113,6 @@ impl Router {
             affinity: AffinityTable::new(config.affinity.capacity, config.affinity.ttl),
             config: ArcSwap::from_pointee(config.clone()),
             next_lineage: AtomicU64::new(1),
-            slot_freed: Notify::new(),
             waiting: AtomicUsize::new(0),
         }
     }
@@ -130,7 +126,7 @@ impl Router {
     pub fn set_config(&self, config: Config) {
         self.config.store(Arc::new(config));
         // Limits may have grown: let waiting requests look again.
-        self.slot_freed.notify_waiters();
+        self.fleet.wakeups.fleet_changed();
     }
 
     /// Counts a request as waiting for a slot on `node`, its best choice, unless `max`
@@ -163,10 +159,11 @@ impl Router {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// A future that completes when some request finishes. Create it before looking for
-    /// a free slot, so that a slot freed in between is not missed.
-    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.slot_freed.notified()
+    /// What a request for `model` waiting in the queue listens to: a slot freed or a load
+    /// or unload for that model, a node admitted or cut off, a reload. See
+    /// [`Listener::news`].
+    pub fn listen(&self, model: &str) -> Listener {
+        self.fleet.wakeups.listen(model)
     }
 
     fn ttl(&self) -> Duration {
@@ -178,13 +175,13 @@ impl Router {
         let config = self.config();
         let now = Instant::now();
         let nodes = self.fleet.nodes();
-        if !nodes.iter().any(|n| self.fleet.is_healthy(n)) {
+        if nodes.is_empty() {
             return Err(RouteError::NoHealthyNode);
         }
-        // Nodes that failed their last health check, or whose circuit breaker is open, are
-        // ranked after all others: first choices never go there, but a retry may, rather
-        // than refuse a request that a node might still serve (the check may be stale).
-        let standby = |n: &Node| !self.fleet.is_healthy(n) || !n.breaker.lock().admits();
+        // Nodes that are down are ranked after all others: first choices never go there, but
+        // a request tries them when no node that admits requests is left, rather than refuse
+        // a request that a node might still serve (a refused connection costs microseconds).
+        let standby = |n: &Node| !self.fleet.is_healthy(n);
         let (pin, went_cold) = self.find_pin(p);
         let model = p.model_key.as_str();
         let need = model_size(&nodes, model);
@@ -494,8 +491,13 @@ pub struct Outcome {
 
 impl Dispatch {
     pub fn finish(&mut self, outcome: Outcome) {
-        let breaker: BreakerConfig = self.router.config.load().breaker.clone();
-        self.node.record_outcome(outcome.ok, &breaker);
+        let rules = Rules::of(&self.router.config.load());
+        let evidence = if outcome.ok {
+            Evidence::Served
+        } else {
+            Evidence::Failed
+        };
+        self.router.fleet.learn(&self.node, evidence, &rules);
         if !outcome.ok {
             return;
         }
@@ -530,7 +532,8 @@ impl Drop for Dispatch {
             }
             forget_if_unused(&mut models, &self.model);
         }
-        self.router.slot_freed.notify_waiters();
+        // Only the requests waiting for this model can use the slot.
+        self.router.fleet.wakeups.model_changed(&self.model);
     }
 }
 
@@ -705,7 +708,6 @@ mod tests {
     use crate::config::{NodeConfig, Weights};
     use crate::fleet::{Inventory, Resident};
     use crate::request::Endpoint;
-    use futures::FutureExt;
 
     const MODEL: &str = "llama3:8b";
 
@@ -731,7 +733,6 @@ mod tests {
             ..Default::default()
         };
         let fleet = Fleet::new(&config).unwrap();
-        fleet.start().now_or_never().unwrap().unwrap();
         for node in fleet.nodes().iter() {
             let mut inv = Inventory {
                 polled_at: Some(Instant::now()),
@@ -1001,7 +1002,6 @@ mod tests {
             ..Default::default()
         };
         let fleet = Fleet::new(&config).unwrap();
-        fleet.start().now_or_never().unwrap().unwrap();
         for node in fleet.nodes().iter() {
             let mut inv = Inventory {
                 polled_at: Some(Instant::now()),
@@ -1045,25 +1045,20 @@ mod tests {
     }
 
     #[test]
-    fn breaker_open_nodes_rank_last_but_are_not_refused() {
+    fn down_nodes_rank_last_but_are_not_refused() {
         let r = router(2, 2);
         let nodes = r.fleet.nodes();
-        nodes[0]
-            .breaker
-            .lock()
-            .trip(Instant::now(), Duration::from_secs(60));
+        let rules = Rules::of(&r.config());
+        r.fleet.learn(&nodes[0], Evidence::Refused, &rules);
         let d = r.decide(&chat(&["x"])).unwrap();
         assert_eq!(d.ranked[0].node.id, nodes[1].id);
         assert!(d.ranked[1].standby && !d.ranked[0].standby);
-        nodes[1]
-            .breaker
-            .lock()
-            .trip(Instant::now(), Duration::from_secs(60));
+        r.fleet.learn(&nodes[1], Evidence::Refused, &rules);
         let d = r.decide(&chat(&["x"])).unwrap();
         assert_eq!(
             d.ranked.len(),
             2,
-            "with every breaker open, still better than a refusal"
+            "with every node down, still better than a refusal"
         );
         assert!(d.ranked.iter().all(|c| c.standby));
     }

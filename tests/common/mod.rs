@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -116,7 +116,10 @@ impl Router {
             .arg("-c")
             .arg(file.path())
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("CORRAL_TEST_LOG").unwrap_or("warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -127,7 +130,7 @@ impl Router {
             addr,
             _config: file,
         };
-        router.wait_listening();
+        router.wait_listening().await;
         router.wait_polled(nodes.len()).await;
         router
     }
@@ -178,11 +181,13 @@ impl Router {
         }
     }
 
-    fn wait_listening(&self) {
+    /// Asynchronously: corral polls its nodes before it listens, and stand-in nodes share
+    /// this runtime, so they must keep answering meanwhile.
+    async fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(self.addr).is_err() {
+        while tokio::net::TcpStream::connect(self.addr).await.is_err() {
             assert!(Instant::now() < deadline, "corral did not start listening");
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
