@@ -55,9 +55,11 @@ impl NodeSpec {
 pub fn config_yaml(port: u16, nodes: &[NodeSpec], extra_yaml: &str) -> String {
     let mut yaml = format!(
         "listen: 127.0.0.1:{port}\n\
-         pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n\
-         poll:\n  interval: 100ms\n  timeout: 1s\n"
+         pid_file: /tmp/corral-test-{port}.pid\nupgrade_sock: /tmp/corral-test-{port}.sock\n"
     );
+    if !extra_yaml.contains("poll:") {
+        yaml.push_str("poll:\n  interval: 100ms\n  timeout: 1s\n");
+    }
     for (key, value) in [
         ("metrics_listen", "null"),
         ("admin_listen", "null"),
@@ -109,9 +111,20 @@ impl Router {
     /// As [`Router::start`], with extra command-line arguments for `corral`.
     pub async fn start_with_args(nodes: Vec<NodeSpec>, extra_yaml: &str, args: &[&str]) -> Router {
         let port = free_port();
+        Router::spawn(port, &config_yaml(port, &nodes, extra_yaml), args).await
+    }
+
+    /// As [`Router::start`], with the `nodes:` list's entries written by the caller (keys
+    /// that [`NodeSpec`] does not have, such as `ca_file`).
+    pub async fn start_with_node_yaml(node_yaml: &str, extra_yaml: &str) -> Router {
+        let port = free_port();
+        let yaml = config_yaml(port, &[], extra_yaml) + node_yaml;
+        Router::spawn(port, &yaml, &[]).await
+    }
+
+    async fn spawn(port: u16, yaml: &str, args: &[&str]) -> Router {
         let mut file = tempfile::NamedTempFile::new().expect("temp config");
-        file.write_all(config_yaml(port, &nodes, extra_yaml).as_bytes())
-            .expect("write config");
+        file.write_all(yaml.as_bytes()).expect("write config");
         let child = Command::new(env!("CARGO_BIN_EXE_corral"))
             .arg("-c")
             .arg(file.path())
@@ -131,7 +144,7 @@ impl Router {
             _config: file,
         };
         router.wait_listening().await;
-        router.wait_polled(nodes.len()).await;
+        router.wait_polled().await;
         router
     }
 
@@ -192,7 +205,7 @@ impl Router {
     }
 
     /// Waits until /api/version answers for every node polled: a poll has completed.
-    async fn wait_polled(&self, _nodes: usize) {
+    async fn wait_polled(&self) {
         // Two poll intervals after start, every node has been read at least once.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
