@@ -113,7 +113,7 @@ impl Health {
     }
 
     /// Learns from one piece of evidence. `true` when that changed whether the node admits
-    /// requests, so that waiting requests should look again.
+    /// requests.
     pub fn record(&mut self, evidence: Evidence, now: Instant, rules: &Rules) -> bool {
         let admitted = self.admits(now);
         // The cool-down's end is a state like any other from here on.

@@ -129,7 +129,15 @@ impl Fleet {
     /// Records evidence about a node's health. When that admits it or cuts it off, every
     /// waiting request looks again.
     pub fn learn(&self, node: &Node, evidence: Evidence, rules: &Rules) {
-        if node.learn(evidence, rules) {
+        node.learn(evidence, rules);
+        self.announce(node);
+    }
+
+    /// Wakes every waiting request if the node started or stopped admitting requests since
+    /// they were last told. The poller calls it every round for every node, for cool-downs
+    /// that ran out.
+    pub fn announce(&self, node: &Node) {
+        if node.admission_changed() {
             log::info!("node {} is {}", node.name(), node.health().as_str());
             self.wakeups.fleet_changed();
         }
@@ -213,5 +221,38 @@ mod tests {
         fleet.learn(&a, Evidence::PollAnswered, &rules);
         assert_eq!(a.health(), State::HalfOpen);
         assert!(fleet.is_healthy(&a));
+    }
+
+    #[test]
+    fn a_cool_down_that_runs_out_is_announced_once() {
+        let config = Config {
+            nodes: vec![node("a", 1)],
+            ..Default::default()
+        };
+        let fleet = Fleet::new(&config).unwrap();
+        let a = fleet.nodes()[0].clone();
+        let rules = Rules {
+            cooldown: std::time::Duration::from_millis(30),
+            ..Rules::of(&config)
+        };
+        fleet.learn(&a, Evidence::Failed, &rules);
+        fleet.learn(&a, Evidence::Failed, &rules);
+        fleet.learn(&a, Evidence::Failed, &rules);
+        assert_eq!(a.health(), State::Down);
+        let listener = fleet.wakeups.listen("m");
+        let news = listener.news(&fleet.wakeups);
+        tokio::pin!(news);
+        fleet.announce(&a);
+        assert!(
+            futures::FutureExt::now_or_never(news.as_mut()).is_none(),
+            "nothing new yet"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        fleet.announce(&a);
+        assert!(futures::FutureExt::now_or_never(news.as_mut()).is_some());
+        let again = listener.news(&fleet.wakeups);
+        tokio::pin!(again);
+        fleet.announce(&a);
+        assert!(futures::FutureExt::now_or_never(again.as_mut()).is_none());
     }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
@@ -119,6 +120,9 @@ pub struct Node {
     pub success: Mutex<SuccessRatio>,
     /// Whether it answers: one view fed by checks, polls and requests.
     health: Mutex<Health>,
+    /// Whether it admitted requests when waiting requests were last told (see
+    /// [`Node::admission_changed`]).
+    announced: AtomicBool,
     /// For an `https://` node with `ca_file`: the roots its certificate is checked against.
     ca: Option<Arc<CaType>>,
 }
@@ -191,6 +195,7 @@ impl Node {
             models: Mutex::new(HashMap::new()),
             success: Mutex::new(SuccessRatio::new()),
             health: Mutex::new(Health::default()),
+            announced: AtomicBool::new(true),
             ca,
         };
         match resolved {
@@ -255,16 +260,23 @@ impl Node {
         self.health.lock().admits(Instant::now())
     }
 
-    /// Learns from one piece of evidence; `true` when that changed whether the node admits
-    /// requests. Call through [`super::Fleet::learn`], which wakes waiting requests then.
-    pub(super) fn learn(&self, evidence: Evidence, rules: &Rules) -> bool {
+    /// Learns from one piece of evidence. Call through [`super::Fleet::learn`], which
+    /// wakes waiting requests when the node's admission changed.
+    pub(super) fn learn(&self, evidence: Evidence, rules: &Rules) {
         let now = Instant::now();
         match evidence {
             Evidence::Served => self.success.lock().record(true, now),
             Evidence::Failed | Evidence::Refused => self.success.lock().record(false, now),
             _ => {}
         }
-        self.health.lock().record(evidence, now, rules)
+        self.health.lock().record(evidence, now, rules);
+    }
+
+    /// `true` once each time the node starts or stops admitting requests, whether by
+    /// evidence or by its cool-down running out, which no event marks.
+    pub(super) fn admission_changed(&self) -> bool {
+        let admits = self.admits();
+        self.announced.swap(admits, Ordering::AcqRel) != admits
     }
 
     /// How to reach the node at its last resolved address: TLS with SNI and the roots to

@@ -101,6 +101,8 @@ impl Poller {
                 }
             }
         }
+        // A cool-down that ran out: waiting requests may try the node now.
+        self.fleet.announce(node);
     }
 
     /// Follows a node whose name now resolves elsewhere (a recreated container), or for

@@ -961,6 +961,26 @@ mod tests {
     }
 
     #[test]
+    fn a_finished_request_wakes_only_the_requests_waiting_for_its_model() {
+        use futures::FutureExt;
+        let r = router(1, 2);
+        let node = r.fleet.nodes()[0].clone();
+        let (same, other) = (r.listen(MODEL), r.listen("other:1b"));
+        let same = same.news(&r.fleet.wakeups);
+        let other = other.news(&r.fleet.wakeups);
+        tokio::pin!(same, other);
+        drop(r.try_dispatch(&node, &chat(&["x"])).unwrap());
+        assert!(
+            same.as_mut().now_or_never().is_some(),
+            "a slot freed for it"
+        );
+        assert!(other.as_mut().now_or_never().is_none(), "nothing for it");
+        // A reload concerns every waiter.
+        r.set_config((*r.config()).clone());
+        assert!(other.as_mut().now_or_never().is_some());
+    }
+
+    #[test]
     fn in_flight_is_released_on_drop() {
         let r = router(1, 2);
         let p = chat(&["a"]);
