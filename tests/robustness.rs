@@ -454,3 +454,35 @@ async fn a_fresh_scrape_shows_retries_and_upstream_errors_at_zero_per_node() {
     .await;
     zero_for(&scrape(metrics_port).await, "b");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_requests_after_start_see_the_models_of_the_first_poll() {
+    let mut small = fast_node("a");
+    small.models = vec![model("phi3:mini", 2.2)];
+    small.preload = vec!["phi3:mini".into()];
+    let a = start(small).await;
+    let b = start(fast_node("b")).await;
+    // No poll or check after the first before the requests are answered: what corral knows
+    // it learned before it listened.
+    let router = Router::start_at_once(
+        vec![NodeSpec::of(&a, 4), NodeSpec::of(&b, 4)],
+        "health:\n  interval: 1h\npoll:\n  interval: 1h\n  timeout: 1s\n",
+    )
+    .await;
+    let sends = (0..8).map(|i| {
+        let body = serde_json::json!({ "model": "phi3:mini", "stream": false,
+            "messages": [{ "role": "user", "content": format!("first {i}") }] });
+        client()
+            .post(format!("{}/api/chat", router.url()))
+            .json(&body)
+            .send()
+    });
+    for reply in futures::future::join_all(sends).await {
+        let reply = reply.expect("a reply");
+        assert_eq!(
+            (reply.status().as_u16(), header(&reply, "x-fleet-node")),
+            (200, "a".to_string()),
+            "only a has phi3:mini"
+        );
+    }
+}

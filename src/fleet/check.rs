@@ -60,6 +60,9 @@ impl BackgroundService for Checker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first round ran before the listener opened (server.rs): the next is due
+        // after one interval.
+        tick.tick().await;
         loop {
             tokio::select! {
                 _ = tick.tick() => self.check_all().await,

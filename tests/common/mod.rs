@@ -111,7 +111,15 @@ impl Router {
     /// As [`Router::start`], with extra command-line arguments for `corral`.
     pub async fn start_with_args(nodes: Vec<NodeSpec>, extra_yaml: &str, args: &[&str]) -> Router {
         let port = free_port();
-        Router::spawn(port, &config_yaml(port, &nodes, extra_yaml), args).await
+        let router = Router::spawn(port, &config_yaml(port, &nodes, extra_yaml), args).await;
+        router.wait_polled().await;
+        router
+    }
+
+    /// As [`Router::start`], returning as soon as corral listens.
+    pub async fn start_at_once(nodes: Vec<NodeSpec>, extra_yaml: &str) -> Router {
+        let port = free_port();
+        Router::spawn(port, &config_yaml(port, &nodes, extra_yaml), &[]).await
     }
 
     /// As [`Router::start`], with the `nodes:` list's entries written by the caller (keys
@@ -119,7 +127,9 @@ impl Router {
     pub async fn start_with_node_yaml(node_yaml: &str, extra_yaml: &str) -> Router {
         let port = free_port();
         let yaml = config_yaml(port, &[], extra_yaml) + node_yaml;
-        Router::spawn(port, &yaml, &[]).await
+        let router = Router::spawn(port, &yaml, &[]).await;
+        router.wait_polled().await;
+        router
     }
 
     async fn spawn(port: u16, yaml: &str, args: &[&str]) -> Router {
@@ -144,7 +154,6 @@ impl Router {
             _config: file,
         };
         router.wait_listening().await;
-        router.wait_polled().await;
         router
     }
 
