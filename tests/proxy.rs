@@ -111,11 +111,11 @@ async fn one_mib_body_with_model_last_is_forwarded_byte_for_byte() {
 async fn one_mib_body_is_retried_on_the_next_node_after_a_refused_connection() {
     let first = start(fast_node("first")).await;
     let echo = EchoNode::start().await;
-    // "first" is preferred (role bonus), passes its first health check, then goes away;
-    // health checks are slow here, so the router still believes it healthy.
+    // "first" is preferred (role bonus), passes its first health check and poll, then goes
+    // away; checks and polls are slow here, so the router still believes it healthy.
     let router = Router::start(
         vec![NodeSpec::of(&first, 2).role("chat"), echo.spec("echo")],
-        "health:\n  interval: 1h\n",
+        "health:\n  interval: 1h\npoll:\n  interval: 1h\n  timeout: 1s\n",
     )
     .await;
     first.stop().await;

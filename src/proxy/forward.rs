@@ -158,7 +158,15 @@ impl Forwarder {
                 Pick::Send(candidate, dispatch) => (candidate, dispatch),
                 Pick::Exhausted if failures.iter().all(|f| f.error.unreachable()) => {
                     // Nothing listens anywhere: the fleet is restarting, or starting with
-                    // corral. Wait for a node to come back rather than refuse.
+                    // corral. Wait for a node to come back rather than refuse, counted as
+                    // waiting (for the best-ranked node) like any other wait.
+                    let max = config.queue.max_waiting;
+                    let best = decision.ranked.first().map(|c| &c.node);
+                    waiting = best.and_then(|n| router.wait_ticket(n, &profile.model_key, max));
+                    if waiting.is_none() {
+                        let message = "too many requests are waiting for a node";
+                        return busy(session, ctx, message, &config).await;
+                    }
                     let left = deadline.saturating_duration_since(Instant::now());
                     match race(session, left, news).await {
                         Wait::Done(()) => {
