@@ -123,13 +123,32 @@ pub const UPSTREAM_ERROR_KINDS: &[&str] = &[
 ];
 
 impl Metrics {
-    /// Creates every per-node counter the dashboard queries at 0, so that its panels show
-    /// 0 on a healthy fleet rather than "No data" until the first failure.
-    pub fn count_nodes<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
-        for name in names {
+    /// Creates at 0 the counters the dashboard queries, so that its panels read 0 on a
+    /// healthy fleet rather than "No data" until the first event: per node, retries and
+    /// every kind of upstream error; per node and model it reports, cold loads, loads and
+    /// prompt tokens; every affinity result. `corral_requests_total` is left to requests:
+    /// its endpoint and status are not known before one arrives.
+    pub fn count_fleet(&self, fleet: &Fleet) {
+        for result in ["hit", "miss", "new"] {
+            self.affinity.with_label_values(&[result]);
+        }
+        for node in fleet.nodes().iter() {
+            let name = node.name();
             self.retries.with_label_values(&[name]);
             for kind in UPSTREAM_ERROR_KINDS {
                 self.upstream_errors.with_label_values(&[name, kind]);
+            }
+            let inv = node.inventory();
+            let models = inv.on_disk.keys().chain(inv.resident.keys());
+            for model in models {
+                let labels = [name, model.as_str()];
+                self.cold_loads.with_label_values(&labels);
+                self.model_loads.with_label_values(&labels);
+                self.prompt_tokens_estimated.with_label_values(&labels);
+                for kind in ["evaluated", "cached"] {
+                    self.prompt_tokens
+                        .with_label_values(&[name, model.as_str(), kind]);
+                }
             }
         }
     }
@@ -249,7 +268,8 @@ impl FleetCollector {
         self.success_ratio.reset();
         let fleet = &self.router.fleet;
         let nodes = fleet.nodes();
-        self.metrics.count_nodes(nodes.iter().map(|n| n.name()));
+        // Nodes a reload added and models a poll found since the start.
+        self.metrics.count_fleet(fleet);
         for node in nodes.iter() {
             let name = node.name();
             self.node_up

@@ -60,7 +60,8 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     first_look(&poller, &checker);
 
     let metrics = Arc::new(Metrics::register().map_err(|e| format!("metrics: {e}"))?);
-    metrics.count_nodes(config.nodes.iter().map(|n| n.name.as_str()));
+    // After the first poll: the nodes' models are known.
+    metrics.count_fleet(&fleet);
     prometheus::register(Box::new(
         FleetCollector::new(router.clone(), metrics.clone())
             .map_err(|e| format!("metrics: {e}"))?,

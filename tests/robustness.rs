@@ -407,7 +407,7 @@ fn sample(scrape: &str, family: &str, labels: &[&str]) -> Option<f64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fresh_scrape_shows_retries_and_upstream_errors_at_zero_per_node() {
+async fn a_fresh_scrape_shows_every_counter_the_dashboard_reads_at_zero_per_node() {
     let a = start(fast_node("a")).await;
     let b = start(fast_node("b")).await;
     let metrics_port = free_port();
@@ -438,7 +438,35 @@ async fn a_fresh_scrape_shows_retries_and_upstream_errors_at_zero_per_node() {
             );
         }
     };
-    zero_for(&scrape(metrics_port).await, "a");
+    let fresh = scrape(metrics_port).await;
+    zero_for(&fresh, "a");
+    // Every counter the dashboard reads per node and model, for the model a reports.
+    let (node, model) = ("node=\"a\"", format!("model=\"{MODEL}\""));
+    for family in [
+        "corral_cold_loads_total",
+        "corral_model_loads_total",
+        "corral_prompt_tokens_estimated_total",
+    ] {
+        assert_eq!(
+            sample(&fresh, family, &[node, &model]),
+            Some(0.0),
+            "{family}"
+        );
+    }
+    for kind in ["kind=\"evaluated\"", "kind=\"cached\""] {
+        let labels = [node, model.as_str(), kind];
+        assert_eq!(
+            sample(&fresh, "corral_prompt_tokens_total", &labels),
+            Some(0.0)
+        );
+    }
+    for result in ["hit", "miss", "new"] {
+        let label = format!("result=\"{result}\"");
+        assert_eq!(
+            sample(&fresh, "corral_affinity_total", &[&label]),
+            Some(0.0)
+        );
+    }
 
     // A node added by a reload has them too.
     router.rewrite_config(&[NodeSpec::of(&a, 2), NodeSpec::of(&b, 2)], &extra);
