@@ -514,3 +514,63 @@ async fn the_first_requests_after_start_see_the_models_of_the_first_poll() {
         );
     }
 }
+
+/// Requests in flight for `model` on `node`, from the admin API.
+async fn in_flight_on(admin: &str, node: &str) -> u64 {
+    let fleet = get_json(&format!("{admin}/fleet")).await;
+    let nodes = fleet["nodes"].as_array().cloned().unwrap_or_default();
+    let Some(n) = nodes.iter().find(|n| n["name"] == node) else {
+        return 0;
+    };
+    let models = n["models"].as_object().cloned().unwrap_or_default();
+    models
+        .values()
+        .filter_map(|m| m["in_flight"].as_u64())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_a_busy_node_moves_to_a_node_that_comes_back() {
+    let a = start(fast_node("a")).await;
+    let b = start(fast_node("b")).await;
+    let admin_port = free_port();
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    let router = Router::start(
+        vec![NodeSpec::of(&a, 1), NodeSpec::of(&b, 1)],
+        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
+    )
+    .await;
+    a.stop().await;
+    eventually("a is down", async || {
+        let fleet = get_json(&format!("{admin}/fleet")).await;
+        fleet["nodes"][0]["healthy"] == false
+    })
+    .await;
+    // b's only slot is taken by a long stream (2,000 tokens at 2 ms: about 4 s).
+    let long = hold(&router, "a long story", 2000).await;
+    assert_eq!(header(&long, "x-fleet-node"), "b");
+    // The next request waits in corral for b: a is down.
+    let url = router.url();
+    let waiting = tokio::spawn(async move {
+        client()
+            .post(format!("{url}/api/chat"))
+            .json(&chat_body(&["short question".into()], false))
+            .send()
+            .await
+    });
+    eventually("the request waits for b", async || {
+        waiting_for(&admin, "b").await == 1
+    })
+    .await;
+    // a comes back: the waiting request is placed again at once, while b is still busy.
+    a.restart().await.unwrap();
+    let reply = waiting.await.unwrap().unwrap();
+    assert_eq!(reply.status(), 200);
+    assert_eq!(header(&reply, "x-fleet-node"), "a");
+    assert_eq!(
+        in_flight_on(&admin, "b").await,
+        1,
+        "b's long stream still runs: no completion woke the waiter"
+    );
+    drop(long);
+}
