@@ -224,6 +224,38 @@ mod tests {
     }
 
     #[test]
+    fn a_model_loaded_or_unloaded_wakes_the_requests_waiting_for_it() {
+        let config = Config {
+            nodes: vec![node("a", 1)],
+            ..Default::default()
+        };
+        let fleet = Fleet::new(&config).unwrap();
+        let a = fleet.nodes()[0].clone();
+        let (m, other) = (fleet.wakeups.listen("m"), fleet.wakeups.listen("other"));
+        let loaded = |names: &[&str]| Inventory {
+            resident: names
+                .iter()
+                .map(|n| {
+                    let r = Resident {
+                        size: 1,
+                        context_length: None,
+                        expires_at: None,
+                    };
+                    (n.to_string(), r)
+                })
+                .collect(),
+            ..Default::default()
+        };
+        for inventory in [loaded(&["m"]), loaded(&[])] {
+            let (for_m, for_other) = (m.news(&fleet.wakeups), other.news(&fleet.wakeups));
+            tokio::pin!(for_m, for_other);
+            fleet.update_inventory(&a, inventory);
+            assert!(futures::FutureExt::now_or_never(for_m.as_mut()).is_some());
+            assert!(futures::FutureExt::now_or_never(for_other.as_mut()).is_none());
+        }
+    }
+
+    #[test]
     fn a_cool_down_that_runs_out_is_announced_once() {
         let config = Config {
             nodes: vec![node("a", 1)],
