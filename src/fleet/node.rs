@@ -264,9 +264,11 @@ impl Node {
     /// wakes waiting requests when the node's admission changed.
     pub(super) fn learn(&self, evidence: Evidence, rules: &Rules) {
         let now = Instant::now();
+        // The success ratio is of replies: a failed request reports `Failed` once, besides
+        // the `Refused` its connection may have shown.
         match evidence {
             Evidence::Served => self.success.lock().record(true, now),
-            Evidence::Failed | Evidence::Refused => self.success.lock().record(false, now),
+            Evidence::Failed => self.success.lock().record(false, now),
             _ => {}
         }
         self.health.lock().record(evidence, now, rules);
