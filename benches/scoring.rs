@@ -11,7 +11,6 @@ use corral::fleet::{Fleet, Inventory, Resident};
 use corral::request::{Endpoint, Profile};
 use corral::routing::{Outcome, Router};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use futures::FutureExt;
 
 const MODEL: &str = "llama3.1:8b";
 
@@ -31,10 +30,6 @@ fn router(n: usize) -> Result<Arc<Router>, String> {
         ..Default::default()
     };
     let fleet = Fleet::new(&config)?;
-    fleet
-        .start()
-        .now_or_never()
-        .ok_or("node discovery did not complete")??;
     for node in fleet.nodes().iter() {
         let mut inv = Inventory {
             polled_at: Some(Instant::now()),

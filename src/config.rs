@@ -108,6 +108,10 @@ pub struct NodeConfig {
     /// server behaves): to an empty slot, else the least recently used one.
     #[serde(default)]
     pub multiuser_cache: bool,
+    /// For an `https://` node: a PEM file of certificates to trust besides the system's
+    /// roots (a lab's self-signed certificate or private CA).
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 fn default_num_parallel() -> usize {
@@ -420,6 +424,13 @@ impl Config {
             if node.num_parallel == 0 {
                 return Err(format!("{at}.num_parallel: must be at least 1"));
             }
+            if let Some(path) = &node.ca_file {
+                if !node.url.starts_with("https://") {
+                    return Err(format!("{at}.ca_file: only for an https:// url"));
+                }
+                crate::fleet::roots_with(Path::new(path))
+                    .map_err(|e| format!("{at}.ca_file: {e}"))?;
+            }
         }
         let w = &self.weights;
         for (key, value) in [
@@ -505,6 +516,7 @@ impl NodeConfig {
             roles: Vec::new(),
             num_parallel: default_num_parallel(),
             multiuser_cache: false,
+            ca_file: None,
         }
     }
 

@@ -119,6 +119,48 @@ impl Metrics {
     }
 }
 
+/// Every `kind` of `corral_upstream_errors_total` (see `proxy/forward.rs`).
+pub const UPSTREAM_ERROR_KINDS: &[&str] = &[
+    "connect",
+    "reset",
+    "first_byte_timeout",
+    "broken_stream",
+    "idle_timeout",
+    "status_5xx",
+];
+
+impl Metrics {
+    /// Creates at 0 the counters the dashboard queries, so that its panels read 0 on a
+    /// healthy fleet rather than "No data" until the first event: per node, retries and
+    /// every kind of upstream error; per node and model it reports, cold loads, loads and
+    /// prompt tokens; every affinity result. `corral_requests_total` is left to requests:
+    /// its endpoint and status are not known before one arrives.
+    pub fn count_fleet(&self, fleet: &Fleet) {
+        for result in ["hit", "miss", "new"] {
+            self.affinity.with_label_values(&[result]);
+        }
+        for node in fleet.nodes().iter() {
+            let name = node.name();
+            self.retries.with_label_values(&[name]);
+            for kind in UPSTREAM_ERROR_KINDS {
+                self.upstream_errors.with_label_values(&[name, kind]);
+            }
+            let inv = node.inventory();
+            let models = inv.on_disk.keys().chain(inv.resident.keys());
+            for model in models {
+                let labels = [name, model.as_str()];
+                self.cold_loads.with_label_values(&labels);
+                self.model_loads.with_label_values(&labels);
+                self.prompt_tokens_estimated.with_label_values(&labels);
+                for kind in ["evaluated", "cached"] {
+                    self.prompt_tokens
+                        .with_label_values(&[name, model.as_str(), kind]);
+                }
+            }
+        }
+    }
+}
+
 /// The model label: the model if some node reports it, else `other`.
 pub fn model_label<'a>(fleet: &Fleet, model: &'a str) -> &'a str {
     let known = fleet.nodes().iter().any(|n| {
@@ -131,6 +173,8 @@ pub fn model_label<'a>(fleet: &Fleet, model: &'a str) -> &'a str {
 /// Reads fleet state into gauges at scrape time.
 pub struct FleetCollector {
     router: Arc<Router>,
+    /// For the per-node counters of nodes a reload added.
+    metrics: Arc<Metrics>,
     node_up: IntGaugeVec,
     in_flight: IntGaugeVec,
     waiting: IntGaugeVec,
@@ -143,7 +187,7 @@ pub struct FleetCollector {
 }
 
 impl FleetCollector {
-    pub fn new(router: Arc<Router>) -> prometheus::Result<FleetCollector> {
+    pub fn new(router: Arc<Router>, metrics: Arc<Metrics>) -> prometheus::Result<FleetCollector> {
         let node_up = IntGaugeVec::new(
             Opts::new("corral_node_up", "1 when the node passes health checks."),
             &["node"],
@@ -211,6 +255,7 @@ impl FleetCollector {
         .collect();
         Ok(FleetCollector {
             router,
+            metrics,
             node_up,
             in_flight,
             waiting,
@@ -241,7 +286,10 @@ impl FleetCollector {
         self.success_ratio.reset();
         self.evictions.reset();
         let fleet = &self.router.fleet;
-        for node in fleet.nodes().iter() {
+        let nodes = fleet.nodes();
+        // Nodes a reload added and models a poll found since the start.
+        self.metrics.count_fleet(fleet);
+        for node in nodes.iter() {
             let name = node.name();
             self.node_up
                 .with_label_values(&[name])

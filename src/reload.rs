@@ -31,10 +31,6 @@ impl Reloader {
         let current = self.router.config();
         let fleet = &self.router.fleet;
         let changes = fleet.apply(&config.nodes)?;
-        // Health checks learn the new node set now rather than at their next round.
-        if let Err(e) = fleet.start().await {
-            log::warn!("reload: health checks did not take the new nodes yet: {e}");
-        }
         let restart_only = needs_restart(&current, &config);
         self.router.set_config(config);
         let mut summary = format!(

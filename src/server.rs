@@ -2,8 +2,8 @@
 //! endpoint, from a validated [`Config`].
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use pingora_core::server::Server;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::services::background::background_service;
@@ -11,7 +11,7 @@ use pingora_core::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::Config;
-use crate::fleet::{Fleet, Poller};
+use crate::fleet::{Checker, Fleet, Poller, Rules};
 use crate::metrics::{FleetCollector, Metrics};
 use crate::proxy::{AccessLog, ClientConnections, Corral};
 use crate::reload::Reloader;
@@ -21,6 +21,8 @@ use crate::routing::Router;
 /// whose requests are retried by clients anyway. Used unless the config file sets one.
 const GRACE_PERIOD_SECONDS: u64 = 10;
 const GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
+/// The longest the first poll and health check may delay the start.
+const FIRST_LOOK: Duration = Duration::from_secs(2);
 
 /// Builds a ready-to-run server. `opt` carries Pingora's command-line flags (`-c`, `-d`,
 /// `-t`, `-u`); the configuration file named by `-c` is read by both Pingora and corral.
@@ -41,16 +43,28 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     server.bootstrap();
 
     let fleet = Arc::new(Fleet::new(&config)?);
-    // Static discovery resolves at once; it only registers the nodes with the checks.
-    fleet
-        .start()
-        .now_or_never()
-        .unwrap_or_else(|| Err("node discovery did not complete".into()))?;
     let router = Arc::new(Router::new(fleet.clone(), &config));
+    let rules = Rules::of(&config);
+    let poller = Poller::new(
+        fleet.clone(),
+        config.poll.interval,
+        config.poll.timeout,
+        rules,
+    );
+    let checker = Checker::new(
+        fleet.clone(),
+        config.health.interval,
+        config.poll.timeout,
+        rules,
+    );
+    first_look(&poller, &checker);
 
     let metrics = Arc::new(Metrics::register().map_err(|e| format!("metrics: {e}"))?);
+    // After the first poll: the nodes' models are known.
+    metrics.count_fleet(&fleet);
     prometheus::register(Box::new(
-        FleetCollector::new(router.clone()).map_err(|e| format!("metrics: {e}"))?,
+        FleetCollector::new(router.clone(), metrics.clone())
+            .map_err(|e| format!("metrics: {e}"))?,
     ))
     .map_err(|e| format!("metrics: {e}"))?;
     let access_log = Arc::new(AccessLog::open(&config.access_log)?);
@@ -63,13 +77,7 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     proxy.add_tcp(&config.listen);
     server.add_service(proxy);
 
-    server.add_service(background_service("health checks", fleet.health_service()));
-    let poller = Poller::new(
-        fleet.clone(),
-        config.poll.interval,
-        config.poll.timeout,
-        config.breaker.cooldown,
-    );
+    server.add_service(background_service("health checks", checker));
     server.add_service(background_service("fleet poller", poller));
 
     if let Some(path) = config_path {
@@ -88,4 +96,29 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
         server.add_service(metrics);
     }
     Ok(server)
+}
+
+/// Runs the first poll and health check before the listener accepts anything, so that the
+/// first requests are routed on what the nodes say rather than on defaults: nodes that
+/// refuse are down, models are known. Bounded by [`FIRST_LOOK`]: a node that does not
+/// answer in time keeps its default (up) and is judged by the background tasks.
+fn first_look(poller: &Poller, checker: &Checker) {
+    let started = Instant::now();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            log::warn!("first poll skipped: {e}");
+            return;
+        }
+    };
+    let round = async { tokio::join!(poller.poll_all(), checker.check_all()) };
+    match runtime.block_on(async { tokio::time::timeout(FIRST_LOOK, round).await }) {
+        Ok(_) => log::info!("first poll and health check took {:?}", started.elapsed()),
+        Err(_) => {
+            log::warn!("first poll and health check not done within {FIRST_LOOK:?}; starting")
+        }
+    }
 }

@@ -289,32 +289,45 @@ async fn bad_requests_get_clear_json_errors() {
 }
 
 #[tokio::test]
-async fn no_healthy_node_is_503_with_retry_after() {
+async fn with_every_node_down_a_request_waits_for_one_and_503s_only_when_the_wait_is_over() {
     let node = start(fast_node("n")).await;
-    let router = Router::start(vec![NodeSpec::of(&node, 2)], "health:\n  interval: 200ms\n").await;
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 2)],
+        "health:\n  interval: 200ms\nqueue:\n  max_wait: 3s\n",
+    )
+    .await;
     node.stop().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let resp = client()
+    let send = || {
+        client()
             .post(format!("{}/api/chat", router.url()))
             .json(&chat_body(&["hi".into()], false))
             .send()
-            .await
-            .unwrap();
-        if resp.status() == 503 {
-            assert!(!header(&resp, "retry-after").is_empty());
-            let body: serde_json::Value = resp.json().await.unwrap();
-            assert!(body["error"].as_str().unwrap().contains("no healthy node"));
-            break;
-        }
-        // Until the health check notices, the refused connection gives a 502.
-        assert_eq!(resp.status(), 502);
-        assert!(
-            Instant::now() < deadline,
-            "the dead node was never marked down"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+
+    // Nothing comes back: 503 with Retry-After, once queue.max_wait is over.
+    let started = Instant::now();
+    let resp = send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "held for queue.max_wait first"
+    );
+    assert!(!header(&resp, "retry-after").is_empty());
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("refused"), "{error}");
+
+    // The node comes back while a request waits: the request is served.
+    let waiting = tokio::spawn(send());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the request waits while the node is down"
+    );
+    node.restart().await.unwrap();
+    let resp = waiting.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-fleet-node"), "n");
 }
 
 #[tokio::test]

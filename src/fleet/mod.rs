@@ -1,43 +1,40 @@
-//! The fleet: every node, its health from Pingora's active checks, and the background tasks
-//! that keep what corral knows about each node current.
+//! The fleet: every node, one view of each node's health (fed by active checks, polls and
+//! real requests), and the background tasks that keep what corral knows about each node
+//! current.
 //!
 //! The node list can change while corral runs (a configuration reload). A node keeps its
 //! identity, and so its state and in-flight requests, across reloads as long as its name and
 //! URL stay the same; requests already sent to a removed node finish normally.
 
+mod check;
+mod client;
+mod health;
 mod node;
 mod poller;
+mod tls;
+mod wake;
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use arc_swap::ArcSwap;
-use async_trait::async_trait;
-use pingora_core::server::ShutdownWatch;
-use pingora_core::services::background::BackgroundService;
-use pingora_load_balancing::discovery::ServiceDiscovery;
-use pingora_load_balancing::health_check::HttpHealthCheck;
-use pingora_load_balancing::selection::RoundRobin;
-use pingora_load_balancing::{Backend, Backends, LoadBalancer};
 
-pub use node::{
-    Breaker, Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio,
-};
+pub use check::Checker;
+pub use health::{Evidence, Rules, State};
+pub use node::{Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
 pub use poller::Poller;
+pub use tls::roots_with;
+pub use wake::{Listener, Wakeups};
 
 use crate::config::{Config, NodeConfig};
 
-type NodeList = ArcSwap<Vec<Arc<Node>>>;
-
 pub struct Fleet {
-    nodes: Arc<NodeList>,
-    /// Pingora's load balancer, used here for its backends' health only: corral does its
-    /// own selection.
-    health: Arc<LoadBalancer<RoundRobin>>,
+    nodes: ArcSwap<Vec<Arc<Node>>>,
     next_id: AtomicU16,
     /// Wakes the poller for the nodes marked `poll_wanted`.
     poll_wanted: tokio::sync::Notify,
+    /// Requests waiting in corral's queue listen here for news that may change their choice.
+    pub wakeups: Wakeups,
 }
 
 /// What a reload changed.
@@ -48,35 +45,35 @@ pub struct Changes {
     pub kept: Vec<String>,
 }
 
+impl Rules {
+    /// The thresholds of `breaker` and `health` in this configuration.
+    pub fn of(config: &Config) -> Rules {
+        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Rules {
+            failures: config.breaker.failures,
+            cooldown: config.breaker.cooldown,
+            check_failures: to_u32(config.health.consecutive_failures),
+            check_passes: to_u32(config.health.consecutive_successes),
+        }
+    }
+}
+
 impl Fleet {
-    /// Builds the fleet. Its health checks run as the background service from
-    /// [`Fleet::health_service`].
+    /// Builds the fleet. Its health checks and polls run as the background services
+    /// [`Checker`] and [`Poller`].
     pub fn new(config: &Config) -> Result<Fleet, String> {
-        let nodes: Arc<NodeList> = Arc::new(ArcSwap::from_pointee(Vec::new()));
-        let discovery = FleetDiscovery(nodes.clone());
-        let mut backends = Backends::new(Box::new(discovery));
-        let mut check = HttpHealthCheck::new("localhost", false);
-        check.consecutive_failure = config.health.consecutive_failures.max(1);
-        check.consecutive_success = config.health.consecutive_successes.max(1);
-        check.peer_template.options.connection_timeout = Some(config.timeouts.connect);
-        check.peer_template.options.read_timeout = Some(config.poll.timeout);
-        backends.set_health_check(Box::new(check));
-        let mut lb = LoadBalancer::from_backends(backends);
-        lb.health_check_frequency = Some(config.health.interval);
-        lb.parallel_health_check = true;
         let fleet = Fleet {
-            nodes,
-            health: Arc::new(lb),
+            nodes: ArcSwap::from_pointee(Vec::new()),
             next_id: AtomicU16::new(0),
             poll_wanted: tokio::sync::Notify::new(),
+            wakeups: Wakeups::default(),
         };
         fleet.apply(&config.nodes)?;
         Ok(fleet)
     }
 
     /// Installs a new node list, keeping the nodes whose name and URL are unchanged (with
-    /// their state) and updating their settings. Call [`Fleet::start`] afterwards so that
-    /// health checks learn the new set.
+    /// their state) and updating their settings.
     pub fn apply(&self, configs: &[NodeConfig]) -> Result<Changes, String> {
         let current = self.nodes.load_full();
         let mut changes = Changes::default();
@@ -104,6 +101,7 @@ impl Fleet {
             }
         }
         self.nodes.store(Arc::new(next));
+        self.wakeups.fleet_changed();
         Ok(changes)
     }
 
@@ -117,11 +115,9 @@ impl Fleet {
         self.nodes.load().iter().find(|n| n.id == id).cloned()
     }
 
-    /// Resolved and passing Pingora's health checks (the circuit breaker is the router's to
-    /// read). Nodes start healthy until a check fails.
+    /// Resolved, and admitting requests (up or half-open).
     pub fn is_healthy(&self, node: &Node) -> bool {
-        node.resolved()
-            .is_some_and(|r| self.health.backends().ready(&r.backend))
+        node.resolved().is_some() && node.admits()
     }
 
     pub fn healthy(&self) -> Vec<Arc<Node>> {
@@ -146,46 +142,35 @@ impl Fleet {
         self.poll_wanted.notified().await
     }
 
-    /// The health-check service, to hand to Pingora as a background service.
-    pub fn health_service(&self) -> HealthChecks {
-        HealthChecks(self.health.clone())
+    /// Records evidence about a node's health. When that admits it or cuts it off, every
+    /// waiting request looks again.
+    pub fn learn(&self, node: &Node, evidence: Evidence, rules: &Rules) {
+        node.learn(evidence, rules);
+        self.announce(node);
     }
 
-    /// Makes the health checks learn the current node set. Discovery only reads memory.
-    pub async fn start(&self) -> Result<(), String> {
-        self.health.update().await.map_err(|e| e.to_string())
+    /// Wakes every waiting request if the node started or stopped admitting requests since
+    /// they were last told. The poller calls it every round for every node, for cool-downs
+    /// that ran out.
+    pub fn announce(&self, node: &Node) {
+        if node.admission_changed() {
+            log::info!("node {} is {}", node.name(), node.health().as_str());
+            self.wakeups.fleet_changed();
+        }
     }
-}
 
-/// Tells Pingora's health checks which backends the fleet has now.
-struct FleetDiscovery(Arc<NodeList>);
-
-#[async_trait]
-impl ServiceDiscovery for FleetDiscovery {
-    async fn discover(&self) -> pingora_core::Result<(BTreeSet<Backend>, HashMap<u64, bool>)> {
-        let nodes = self.0.load();
-        let set = nodes
-            .iter()
-            .filter_map(|n| Some(n.resolved()?.backend.clone()))
-            .collect();
-        Ok((set, HashMap::new()))
-    }
-}
-
-/// Runs Pingora's health checks for the fleet's load balancer.
-pub struct HealthChecks(Arc<LoadBalancer<RoundRobin>>);
-
-#[async_trait]
-impl BackgroundService for HealthChecks {
-    async fn start(&self, shutdown: ShutdownWatch) {
-        self.0.start(shutdown).await
+    /// Installs a node's fresh inventory, waking the requests waiting for the models it
+    /// loaded or unloaded.
+    pub fn update_inventory(&self, node: &Node, inventory: Inventory) {
+        for model in node.update_inventory(inventory) {
+            self.wakeups.model_changed(&model);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::FutureExt;
 
     fn node(name: &str, port: u16) -> NodeConfig {
         NodeConfig::new(name, &format!("http://127.0.0.1:{port}"))
@@ -198,7 +183,6 @@ mod tests {
             ..Default::default()
         };
         let fleet = Fleet::new(&config).unwrap();
-        fleet.start().now_or_never().unwrap().unwrap();
         let a = fleet.nodes()[0].clone();
         a.models.lock().entry("m".into()).or_default().in_flight = 3;
 
@@ -219,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_healthy_only_where_its_name_resolved_and_follows_a_move() {
+    fn a_node_is_healthy_only_where_its_name_resolved_and_while_it_admits_requests() {
         let config = Config {
             nodes: vec![
                 node("a", 1),
@@ -228,30 +212,95 @@ mod tests {
             ..Default::default()
         };
         let fleet = Fleet::new(&config).expect("an unresolvable node does not stop the start");
-        fleet.start().now_or_never().unwrap().unwrap();
         let (a, off) = (fleet.nodes()[0].clone(), fleet.nodes()[1].clone());
         assert!(off.resolved().is_none());
         assert!(!fleet.is_healthy(&off));
         assert!(fleet.is_healthy(&a));
-        let known = |fleet: &Fleet| -> Vec<String> {
-            let backends = fleet.health.backends().get_backend();
-            backends.iter().map(|b| b.addr.to_string()).collect()
-        };
-        assert_eq!(known(&fleet), vec!["127.0.0.1:1"]);
 
-        // Its name resolves (the laptop woke up): the health checks learn it, and it is
-        // healthy until they find otherwise.
+        // Its name resolves (the laptop woke up): healthy until found otherwise.
         assert!(off.set_address("127.0.0.1:7".parse().unwrap()));
         assert!(
             !off.set_address("127.0.0.1:7".parse().unwrap()),
             "not a move"
         );
-        fleet.start().now_or_never().unwrap().unwrap();
         assert!(fleet.is_healthy(&off));
-        // It moves: the old address is forgotten.
-        assert!(off.set_address("127.0.0.1:8".parse().unwrap()));
-        fleet.start().now_or_never().unwrap().unwrap();
-        assert_eq!(known(&fleet), vec!["127.0.0.1:1", "127.0.0.1:8"]);
-        assert!(fleet.is_healthy(&off));
+
+        // One view: a refused request cuts a off, and waiting requests hear of it.
+        let rules = Rules::of(&config);
+        let listener = fleet.wakeups.listen("m");
+        let news = listener.news(&fleet.wakeups);
+        tokio::pin!(news);
+        fleet.learn(&a, Evidence::Refused, &rules);
+        assert!(!fleet.is_healthy(&a));
+        assert!(futures::FutureExt::now_or_never(news.as_mut()).is_some());
+        // A poll answer lets it back at once.
+        fleet.learn(&a, Evidence::PollAnswered, &rules);
+        assert_eq!(a.health(), State::HalfOpen);
+        assert!(fleet.is_healthy(&a));
+    }
+
+    #[test]
+    fn a_model_loaded_or_unloaded_wakes_the_requests_waiting_for_it() {
+        let config = Config {
+            nodes: vec![node("a", 1)],
+            ..Default::default()
+        };
+        let fleet = Fleet::new(&config).unwrap();
+        let a = fleet.nodes()[0].clone();
+        let (m, other) = (fleet.wakeups.listen("m"), fleet.wakeups.listen("other"));
+        let loaded = |names: &[&str]| Inventory {
+            resident: names
+                .iter()
+                .map(|n| {
+                    let r = Resident {
+                        size: 1,
+                        context_length: None,
+                        expires_at: None,
+                    };
+                    (n.to_string(), r)
+                })
+                .collect(),
+            ..Default::default()
+        };
+        for inventory in [loaded(&["m"]), loaded(&[])] {
+            let (for_m, for_other) = (m.news(&fleet.wakeups), other.news(&fleet.wakeups));
+            tokio::pin!(for_m, for_other);
+            fleet.update_inventory(&a, inventory);
+            assert!(futures::FutureExt::now_or_never(for_m.as_mut()).is_some());
+            assert!(futures::FutureExt::now_or_never(for_other.as_mut()).is_none());
+        }
+    }
+
+    #[test]
+    fn a_cool_down_that_runs_out_is_announced_once() {
+        let config = Config {
+            nodes: vec![node("a", 1)],
+            ..Default::default()
+        };
+        let fleet = Fleet::new(&config).unwrap();
+        let a = fleet.nodes()[0].clone();
+        let rules = Rules {
+            cooldown: std::time::Duration::from_millis(30),
+            ..Rules::of(&config)
+        };
+        fleet.learn(&a, Evidence::Failed, &rules);
+        fleet.learn(&a, Evidence::Failed, &rules);
+        fleet.learn(&a, Evidence::Failed, &rules);
+        assert_eq!(a.health(), State::Down);
+        let listener = fleet.wakeups.listen("m");
+        let news = listener.news(&fleet.wakeups);
+        tokio::pin!(news);
+        fleet.announce(&a);
+        assert!(
+            futures::FutureExt::now_or_never(news.as_mut()).is_none(),
+            "nothing new yet"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        fleet.announce(&a);
+        assert!(futures::FutureExt::now_or_never(news.as_mut()).is_some());
+        let again = listener.news(&fleet.wakeups);
+        tokio::pin!(again);
+        fleet.announce(&a);
+        assert!(futures::FutureExt::now_or_never(again.as_mut()).is_none());
     }
 }

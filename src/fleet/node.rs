@@ -2,15 +2,17 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
-use pingora_load_balancing::Backend;
+use pingora_core::protocols::tls::CaType;
+use pingora_core::upstreams::peer::HttpPeer;
 
+use super::health::{Evidence, Health, Rules, State};
 use crate::config::{NodeConfig, NodeTarget};
 
 /// What the poller last read from the node's `/api/tags` and `/api/ps`.
@@ -120,66 +122,23 @@ pub struct Node {
     pub models: Mutex<HashMap<String, ModelState>>,
     /// Recent ratio of replies that were not failures (1.0 = all good).
     pub success: Mutex<SuccessRatio>,
-    /// Passive failure detection, between active health checks.
-    pub breaker: Mutex<Breaker>,
+    /// Whether it answers: one view fed by checks, polls and requests.
+    health: Mutex<Health>,
+    /// Whether it admitted requests when waiting requests were last told (see
+    /// [`Node::admission_changed`]).
+    announced: AtomicBool,
+    /// For an `https://` node with `ca_file`: the roots its certificate is checked against.
+    ca: Option<Arc<CaType>>,
     /// A reply showed a model load here: the poller reads the node again at once.
     pub poll_wanted: AtomicBool,
     /// Models seen leaving the node's memory to make room for another, per model.
     pub evictions_seen: Mutex<HashMap<String, u64>>,
 }
 
-/// A node's resolved address, and its identity in Pingora's health checks there.
+/// A node's resolved address.
 #[derive(Debug)]
 pub struct Resolved {
     pub addr: SocketAddr,
-    pub backend: Backend,
-}
-
-/// A circuit breaker: consecutive failures, or one refused connection, open it and the
-/// node gets no requests. After a cool-down the next successful poll of the node (the
-/// poller's `/api/tags` and `/api/ps`: the half-open probe) closes it, so no client request
-/// is spent finding out whether the node is back.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Breaker {
-    failures: u32,
-    open_until: Option<Instant>,
-}
-
-impl Breaker {
-    /// Whether requests may be sent.
-    pub fn admits(&self) -> bool {
-        self.open_until.is_none()
-    }
-
-    pub fn is_open(&self) -> bool {
-        self.open_until.is_some()
-    }
-
-    /// Opens at once: a refused connection leaves no doubt that the node is down.
-    pub fn trip(&mut self, now: Instant, cooldown: Duration) {
-        self.failures = self.failures.max(1);
-        self.open_until = Some(now + cooldown);
-    }
-
-    pub fn record(&mut self, ok: bool, now: Instant, threshold: u32, cooldown: Duration) {
-        if ok {
-            self.failures = 0;
-            self.open_until = None;
-            return;
-        }
-        self.failures = self.failures.saturating_add(1);
-        if self.failures >= threshold.max(1) {
-            self.open_until = Some(now + cooldown);
-        }
-    }
-
-    /// The node answered a probe: past the cool-down, that closes the breaker.
-    pub fn probe_succeeded(&mut self, now: Instant) {
-        if self.open_until.is_some_and(|until| now >= until) {
-            self.failures = 0;
-            self.open_until = None;
-        }
-    }
 }
 
 /// A node's recent success ratio. It starts at 1 (no evidence against a node) and drifts
@@ -228,6 +187,10 @@ impl Node {
     /// corral from starting.
     pub fn new(id: u16, config: NodeConfig) -> Result<Node, String> {
         let target = config.target()?;
+        let ca = match &config.ca_file {
+            Some(path) if target.tls => Some(super::tls::roots_with(path.as_ref())?),
+            _ => None,
+        };
         let resolved = target.resolve_blocking();
         let node = Node {
             id,
@@ -239,7 +202,9 @@ impl Node {
             inventory: ArcSwap::from_pointee(Inventory::default()),
             models: Mutex::new(HashMap::new()),
             success: Mutex::new(SuccessRatio::new()),
-            breaker: Mutex::new(Breaker::default()),
+            health: Mutex::new(Health::default()),
+            announced: AtomicBool::new(true),
+            ca,
             poll_wanted: AtomicBool::new(false),
             evictions_seen: Mutex::new(HashMap::new()),
         };
@@ -267,12 +232,7 @@ impl Node {
         {
             return false;
         }
-        // From a socket address's own text, this parse does not fail.
-        let Ok(backend) = Backend::new(&addr.to_string()) else {
-            return false;
-        };
-        self.resolved
-            .store(Some(Arc::new(Resolved { addr, backend })));
+        self.resolved.store(Some(Arc::new(Resolved { addr })));
         true
     }
 
@@ -300,20 +260,68 @@ impl Node {
         self.success.lock().get(Instant::now())
     }
 
-    pub fn record_outcome(&self, ok: bool, breaker: &crate::config::BreakerConfig) {
+    /// Where the node stands now.
+    pub fn health(&self) -> State {
+        self.health.lock().state(Instant::now())
+    }
+
+    /// Whether requests may go to the node as a first choice.
+    pub fn admits(&self) -> bool {
+        self.health.lock().admits(Instant::now())
+    }
+
+    /// Learns from one piece of evidence. Call through [`super::Fleet::learn`], which
+    /// wakes waiting requests when the node's admission changed.
+    pub(super) fn learn(&self, evidence: Evidence, rules: &Rules) {
         let now = Instant::now();
-        self.success.lock().record(ok, now);
-        self.breaker
-            .lock()
-            .record(ok, now, breaker.failures, breaker.cooldown);
+        // The success ratio is of replies: a failed request reports `Failed` once, besides
+        // the `Refused` its connection may have shown.
+        match evidence {
+            Evidence::Served => self.success.lock().record(true, now),
+            Evidence::Failed => self.success.lock().record(false, now),
+            _ => {}
+        }
+        self.health.lock().record(evidence, now, rules);
+    }
+
+    /// `true` once each time the node starts or stops admitting requests, whether by
+    /// evidence or by its cool-down running out, which no event marks.
+    pub(super) fn admission_changed(&self) -> bool {
+        let admits = self.admits();
+        self.announced.swap(admits, Ordering::AcqRel) != admits
+    }
+
+    /// How to reach the node at its last resolved address: TLS with SNI and the roots to
+    /// check it against, for `https://`. `None` while its name never resolved.
+    pub fn peer(&self, connect_timeout: Duration) -> Option<HttpPeer> {
+        let addr = self.resolved()?.addr;
+        let t = &self.target;
+        let mut peer = HttpPeer::new(addr, t.tls, t.host.clone());
+        peer.options.connection_timeout = Some(connect_timeout);
+        peer.options.ca = self.ca.clone();
+        Some(peer)
+    }
+
+    /// The `Host` header for requests to the node.
+    pub fn host_header(&self) -> String {
+        let t = &self.target;
+        if t.host.contains(':') {
+            // An IPv6 address is bracketed in a Host header.
+            format!("[{}]:{}", t.host, t.port)
+        } else {
+            format!("{}:{}", t.host, t.port)
+        }
     }
 
     /// Installs a fresh inventory. Slots of models that the node no longer holds are
     /// emptied, so the conversations they held stop counting as warm, unless a reply
-    /// succeeded after the poll was sent (the poll raced with a load).
-    pub fn update_inventory(&self, fresh: Inventory) {
-        let polled_at = fresh.polled_at;
+    /// succeeded after the poll was sent (the poll raced with a load). Returns the models
+    /// loaded, unloaded, added or removed since the last inventory: requests waiting for
+    /// them may now choose differently.
+    pub fn update_inventory(&self, fresh: Inventory) -> Vec<String> {
         let previous = self.inventory();
+        let changed = changed_models(&previous, &fresh);
+        let polled_at = fresh.polled_at;
         if previous.polled_at.is_some() {
             let evicted = evictions(&previous.resident, &fresh.resident);
             if !evicted.is_empty() {
@@ -340,6 +348,7 @@ impl Node {
         }
         drop(models);
         self.inventory.store(Arc::new(fresh));
+        changed
     }
 }
 
@@ -359,6 +368,27 @@ fn evictions<'a>(
         .filter(|m| !after.contains_key(*m))
         .map(String::as_str)
         .collect()
+}
+
+/// Models whose residency or presence on disk differs between two inventories.
+fn changed_models(old: &Inventory, new: &Inventory) -> Vec<String> {
+    let mut changed: Vec<String> = Vec::new();
+    let mut note = |name: &String| {
+        if !changed.contains(name) {
+            changed.push(name.clone());
+        }
+    };
+    for (a, b) in [(old, new), (new, old)] {
+        a.resident
+            .keys()
+            .filter(|m| !b.resident.contains_key(*m))
+            .for_each(&mut note);
+        a.on_disk
+            .keys()
+            .filter(|m| !b.on_disk.contains_key(*m))
+            .for_each(&mut note);
+    }
+    changed
 }
 
 #[cfg(test)]
@@ -390,25 +420,27 @@ mod tests {
     }
 
     #[test]
-    fn breaker_opens_after_consecutive_failures_and_closes_after_a_probe() {
-        let t0 = Instant::now();
-        let cool = Duration::from_secs(5);
-        let mut b = Breaker::default();
-        assert!(b.admits());
-        b.record(false, t0, 3, cool);
-        b.record(false, t0, 3, cool);
-        assert!(b.admits(), "two failures are not three");
-        b.record(true, t0, 3, cool);
-        for _ in 0..3 {
-            b.record(false, t0, 3, cool);
-        }
-        assert!(b.is_open() && !b.admits());
-        b.probe_succeeded(t0);
-        assert!(!b.admits(), "not before the cool-down");
-        b.probe_succeeded(t0 + cool);
-        assert!(b.admits(), "a probe after the cool-down closes it");
-        b.trip(t0, cool);
-        assert!(!b.admits(), "a refused connection opens it at once");
+    fn an_inventory_names_the_models_loaded_and_unloaded_since_the_last() {
+        let node = Node::new(0, NodeConfig::new("a", "http://127.0.0.1:9")).unwrap();
+        let resident = |names: &[&str]| Inventory {
+            resident: names
+                .iter()
+                .map(|n| {
+                    let r = Resident {
+                        size: 1,
+                        context_length: None,
+                        expires_at: None,
+                    };
+                    (n.to_string(), r)
+                })
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(node.update_inventory(resident(&["a", "b"])).len(), 2);
+        assert!(node.update_inventory(resident(&["a", "b"])).is_empty());
+        let mut changed = node.update_inventory(resident(&["b", "c"]));
+        changed.sort();
+        assert_eq!(changed, vec!["a", "c"]);
     }
 
     #[test]

@@ -11,6 +11,8 @@ use pingora_core::services::background::BackgroundService;
 use serde::Deserialize;
 
 use super::Fleet;
+use super::client::{GetError, NodeClient};
+use super::health::{Evidence, Rules};
 use super::node::{Inventory, Node, Resident};
 use crate::request::normalize_model;
 
@@ -55,28 +57,18 @@ impl ModelEntry {
 
 pub struct Poller {
     fleet: Arc<Fleet>,
-    /// The circuit breaker's cool-down, for nodes found down.
-    cooldown: Duration,
-    client: reqwest::Client,
+    /// For nodes found down (refused) or answering again.
+    rules: Rules,
+    client: NodeClient,
     interval: Duration,
 }
 
 impl Poller {
-    pub fn new(
-        fleet: Arc<Fleet>,
-        interval: Duration,
-        timeout: Duration,
-        cooldown: Duration,
-    ) -> Poller {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-            .unwrap_or_default();
+    pub fn new(fleet: Arc<Fleet>, interval: Duration, timeout: Duration, rules: Rules) -> Poller {
         Poller {
             fleet,
-            cooldown,
-            client,
+            rules,
+            client: NodeClient::new(timeout),
             interval,
         }
     }
@@ -85,13 +77,7 @@ impl Poller {
     pub async fn poll_all(&self) {
         let nodes = self.fleet.nodes();
         let polls = nodes.iter().map(|node| self.poll(node));
-        let moved = futures::future::join_all(polls).await;
-        if moved.contains(&true) {
-            // The health checks learn the new addresses.
-            if let Err(e) = self.fleet.start().await {
-                log::warn!("health checks did not learn the nodes' new addresses: {e}");
-            }
-        }
+        futures::future::join_all(polls).await;
     }
 
     /// Polls the nodes that asked for it ([`Fleet::poll_soon`]).
@@ -103,65 +89,63 @@ impl Poller {
         futures::future::join_all(wanted.map(|node| self.poll(node))).await;
     }
 
-    /// Polls one node, after resolving its host name again. `true` when the node moved.
-    async fn poll(&self, node: &Node) -> bool {
-        let moved = self.resolve(node).await;
+    /// Polls one node, after resolving its host name again.
+    async fn poll(&self, node: &Node) {
+        self.resolve(node).await;
         let started = Instant::now();
-        let base = node.url().trim_end_matches('/');
         let (tags, ps, version) = tokio::join!(
-            self.get::<ModelList>(format!("{base}/api/tags")),
-            self.get::<ModelList>(format!("{base}/api/ps")),
-            self.get::<Version>(format!("{base}/api/version")),
+            self.get::<ModelList>(node, "/api/tags"),
+            self.get::<ModelList>(node, "/api/ps"),
+            self.get::<Version>(node, "/api/version"),
         );
         match (tags, ps) {
             (Ok(tags), Ok(ps)) => {
                 let mut inventory = inventory_of(started, tags, ps);
                 inventory.version = version.ok().and_then(|v| v.version);
-                node.update_inventory(inventory);
-                node.breaker.lock().probe_succeeded(Instant::now());
+                self.fleet.update_inventory(node, inventory);
+                self.fleet.learn(node, Evidence::PollAnswered, &self.rules);
             }
             (Err(e), _) | (_, Err(e)) => {
                 log::debug!("poll of {} failed: {e}", node.name());
                 // Nothing listens there: stop sending requests now, not at the next
                 // health check or at the next client's refused connection.
-                if e.is_connect() {
-                    node.breaker.lock().trip(Instant::now(), self.cooldown);
+                if matches!(e, GetError::Connect(_)) {
+                    self.fleet.learn(node, Evidence::Refused, &self.rules);
                 }
             }
         }
-        moved
+        // A cool-down that ran out: waiting requests may try the node now.
+        self.fleet.announce(node);
     }
 
     /// Follows a node whose name now resolves elsewhere (a recreated container), or for
     /// the first time. A name that fails to resolve keeps its last address: a resolver's
     /// hiccup is not the node's failure.
-    async fn resolve(&self, node: &Node) -> bool {
+    async fn resolve(&self, node: &Node) {
         if node.target.fixed().is_some() {
-            return false;
+            return;
         }
         match node.target.resolve().await {
             Ok(addr) => {
-                let moved = node.set_address(addr);
-                if moved {
+                if node.set_address(addr) {
                     log::info!("node {} is at {addr}", node.name());
+                    self.fleet.wakeups.fleet_changed();
                 }
-                moved
             }
-            Err(e) => {
-                log::debug!("node {}: {e}", node.name());
-                false
-            }
+            Err(e) => log::debug!("node {}: {e}", node.name()),
         }
     }
 
-    async fn get<T: serde::de::DeserializeOwned>(&self, url: String) -> Result<T, reqwest::Error> {
-        self.client
-            .get(url)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        node: &Node,
+        path: &str,
+    ) -> Result<T, GetError> {
+        let (status, body) = self.client.get(node, path).await?;
+        if !(200..300).contains(&status) {
+            return Err(GetError::Other(format!("{path}: status {status}")));
+        }
+        serde_json::from_slice(&body).map_err(|e| GetError::Other(format!("{path}: {e}")))
     }
 }
 
@@ -205,6 +189,9 @@ impl BackgroundService for Poller {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first round ran before the listener opened (server.rs): the next is due
+        // after one interval.
+        tick.tick().await;
         loop {
             tokio::select! {
                 _ = tick.tick() => self.poll_all().await,

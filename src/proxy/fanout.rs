@@ -300,14 +300,14 @@ async fn send_chunk(
     strip_auth: bool,
 ) -> ChunkOutcome {
     let deadline = tokio::time::Instant::now() + plan.config.queue.max_wait;
+    let listener = plan.router.listen(&plan.profile.model_key);
     let mut dispatch = loop {
-        let freed = plan.router.slot_freed();
-        tokio::pin!(freed);
-        freed.as_mut().enable();
+        // Listen before looking, so that a slot freed meanwhile is not missed.
+        let news = listener.news(&plan.router.fleet.wakeups);
         if let Some(dispatch) = plan.router.try_dispatch(node, plan.profile) {
             break dispatch;
         }
-        if tokio::time::timeout_at(deadline, freed).await.is_err() {
+        if tokio::time::timeout_at(deadline, news).await.is_err() {
             return ChunkOutcome::Failed("no free slot in time".into());
         }
     };
@@ -344,8 +344,10 @@ async fn send_chunk(
                 e.etype(),
                 ConnectTimedout | ConnectRefused | ConnectNoRoute | ConnectError
             ) {
-                let cooldown = plan.config.breaker.cooldown;
-                node.breaker.lock().trip(Instant::now(), cooldown);
+                let rules = crate::fleet::Rules::of(plan.config);
+                plan.router
+                    .fleet
+                    .learn(node, crate::fleet::Evidence::Refused, &rules);
             }
             ChunkOutcome::Failed(e.to_string())
         }

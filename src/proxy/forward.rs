@@ -20,7 +20,7 @@ use super::RequestCtx;
 use super::headers;
 use super::reply::{ReplyStats, Tail};
 use crate::config::{Config, Timeouts};
-use crate::fleet::{Fleet, Node};
+use crate::fleet::{Evidence, Fleet, Node, Rules};
 use crate::metrics::{Metrics, model_label};
 use crate::request::{ErrorShape, Profile};
 use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
@@ -44,6 +44,12 @@ struct AttemptError {
 }
 
 impl AttemptError {
+    /// The node did not take the request at all (refused, unreachable): it has not seen it,
+    /// and it may come back.
+    fn unreachable(&self) -> bool {
+        self.kind() == "connect" && !self.timed_out
+    }
+
     /// The `kind` label of `corral_upstream_errors_total`.
     fn kind(&self) -> &'static str {
         use ErrorType::*;
@@ -80,8 +86,8 @@ impl Forwarder {
         // Refused, or closed before a reply on a fresh connection: the node is down or
         // restarting. Cut it off now, before this request's slot is handed to a waiter.
         if matches!(error.kind(), "connect" | "reset") {
-            let cooldown = router.config().breaker.cooldown;
-            node.breaker.lock().trip(Instant::now(), cooldown);
+            let rules = Rules::of(&router.config());
+            router.fleet.learn(&node, Evidence::Refused, &rules);
         }
         dispatch.finish(Outcome::default());
         let name = node.name();
@@ -95,9 +101,11 @@ impl Forwarder {
 
     /// Finds a node with a free slot for the request, sends it, and streams the reply.
     /// When every candidate is busy the request waits in corral (bounded in count and
-    /// time) and is scored again whenever a request finishes. A node that fails before
+    /// time) and is scored again on every change that could move it: a slot freed or a
+    /// load for its model, a node admitted or cut off, a reload. A node that fails before
     /// replying is left out and the request is scored again without it, at most
-    /// `limits.max_retries` times.
+    /// `limits.max_retries` times; when every node refused the connection (none has seen
+    /// the request), the request waits for one to come back, up to `queue.max_wait`.
     pub async fn forward(
         &self,
         router: &Arc<Router>,
@@ -108,24 +116,31 @@ impl Forwarder {
     ) -> Result<()> {
         let config = router.config();
         let deadline = Instant::now() + config.queue.max_wait;
-        // Nodes tried so far, and how each failed.
+        // Nodes tried since the request last waited, and how each failed.
         let mut failures: Vec<Failure> = Vec::new();
+        // Failed attempts in all, for `X-Fleet-Retries`.
+        let mut retries = 0;
         let mut waiting: Option<WaitTicket> = None;
+        let listener = router.listen(&profile.model_key);
         loop {
             // The request's own wait must not weigh on its new ranking.
             drop(waiting.take());
-            // Listen before looking, so that a slot freed meanwhile is not missed.
-            let freed = router.slot_freed();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
+            // Listen before looking, so that news meanwhile is not missed.
+            let news = listener.news(&router.fleet.wakeups);
             let tried: Vec<u16> = failures.iter().map(|f| f.node).collect();
+            let exhausted = failures.len() > config.limits.max_retries;
             // Decide and count the request on its node (reserving any load it starts) as
             // one step, so that requests arriving together see each other's loads.
             let placing = router.placement();
             let decided = router.decide(profile);
-            let picked = decided
-                .as_ref()
-                .map(|decision| (decision, pick(router, decision, &tried, profile)));
+            let picked = decided.as_ref().map(|decision| {
+                let choice = if exhausted {
+                    Pick::Exhausted
+                } else {
+                    pick(router, decision, &tried, profile)
+                };
+                (decision, choice)
+            });
             drop(placing);
             let (decision, picked) = match picked {
                 Ok(picked) => picked,
@@ -134,6 +149,34 @@ impl Forwarder {
             };
             let (candidate, dispatch) = match picked {
                 Pick::Send(candidate, dispatch) => (candidate, dispatch),
+                Pick::Exhausted if failures.iter().all(|f| f.error.unreachable()) => {
+                    // Nothing listens anywhere: the fleet is restarting, or starting with
+                    // corral. Wait for a node to come back rather than refuse, counted as
+                    // waiting (for the best-ranked node) like any other wait.
+                    let max = config.queue.max_waiting;
+                    let best = decision.ranked.first().map(|c| &c.node);
+                    waiting = best.and_then(|n| router.wait_ticket(n, &profile.model_key, max));
+                    if waiting.is_none() {
+                        let message = "too many requests are waiting for a node";
+                        return busy(session, ctx, message, &config).await;
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match race(session, left, news).await {
+                        Wait::Done(()) => {
+                            failures.clear();
+                            continue;
+                        }
+                        Wait::TimedOut => {
+                            let message =
+                                "every node refused the connection, and none came back in time";
+                            return busy(session, ctx, message, &config).await;
+                        }
+                        Wait::ClientGone => {
+                            ctx.client_gone = true;
+                            return Ok(());
+                        }
+                    }
+                }
                 Pick::Exhausted => return fail(session, ctx, &failures).await,
                 Pick::Wait(best) => {
                     let max = config.queue.max_waiting;
@@ -143,7 +186,7 @@ impl Forwarder {
                         return busy(session, ctx, message, &config).await;
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match race(session, left, freed.as_mut()).await {
+                    match race(session, left, news).await {
                         Wait::Done(()) => continue,
                         Wait::TimedOut => {
                             let message = "no node had a free slot in time";
@@ -161,7 +204,7 @@ impl Forwarder {
                 candidate,
                 decision,
                 profile,
-                retries: failures.len(),
+                retries,
             };
             match self
                 .attempt(session, ctx, body, attempt, dispatch, &config.timeouts)
@@ -169,14 +212,12 @@ impl Forwarder {
             {
                 Ok(result) => return result,
                 Err(error) => {
+                    retries += 1;
                     failures.push(Failure {
                         node: candidate.node.id,
                         name: candidate.node.name().to_string(),
                         error,
                     });
-                    if failures.len() > config.limits.max_retries {
-                        return fail(session, ctx, &failures).await;
-                    }
                 }
             }
         }
@@ -271,7 +312,7 @@ impl Forwarder {
                     started,
                     retries: attempt.retries,
                     idle: timeouts.idle,
-                    breaker_cooldown: attempt.router.config().breaker.cooldown,
+                    rules: Rules::of(&attempt.router.config()),
                 };
                 let result = self
                     .relay(session, ctx, upstream, &peer, dispatch, reply)
@@ -519,9 +560,7 @@ impl Forwarder {
             if *kind == "broken_stream" {
                 // The connection dropped mid-reply: most likely the node went down. Cut it
                 // off before the slots it frees draw waiting requests to it.
-                node.breaker
-                    .lock()
-                    .trip(Instant::now(), reply.breaker_cooldown);
+                reply.fleet.learn(node, Evidence::Refused, &reply.rules);
             }
             dispatch.finish(Outcome::default());
             ctx.broken = true;
@@ -632,10 +671,7 @@ struct Attempt<'a> {
 
 /// The node's peer at its last resolved address; `None` while its name never resolved.
 pub(super) fn peer(node: &Node, timeouts: &Timeouts) -> Option<HttpPeer> {
-    let addr = node.resolved()?.addr;
-    let t = &node.target;
-    let mut peer = HttpPeer::new(addr, t.tls, t.host.clone());
-    peer.options.connection_timeout = Some(timeouts.connect);
+    let mut peer = node.peer(timeouts.connect)?;
     peer.options.write_timeout = Some(timeouts.idle);
     peer.options.idle_timeout = Some(POOL_IDLE);
     Some(peer)
@@ -710,7 +746,8 @@ struct Relay<'a> {
     retries: usize,
     /// Longest silence allowed between two chunks.
     idle: Duration,
-    breaker_cooldown: Duration,
+    /// For what a reply broken off teaches about the node.
+    rules: Rules,
 }
 
 /// How a reply is framed, which decides how a reply cut short is ended for the client.
@@ -817,8 +854,7 @@ pub(super) fn upstream_request(
     body_len: usize,
     strip_auth: bool,
 ) -> Result<RequestHeader> {
-    let host = headers::host_header(&node.target.host, node.target.port);
-    headers::upstream_request(client, &host, body_len, strip_auth)
+    headers::upstream_request(client, &node.host_header(), body_len, strip_auth)
 }
 
 /// The node's reply header as the client should see it, with the routing headers added.

@@ -104,15 +104,6 @@ pub fn downstream_reply(
     Ok(header)
 }
 
-/// The `Host` header for a node: an IPv6 literal is bracketed.
-pub fn host_header(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,11 +207,5 @@ mod tests {
         assert_eq!(down.headers["transfer-encoding"], "chunked");
         let down = downstream_reply(&up, false).unwrap();
         assert_eq!(names(&down.headers), ["content-type"]);
-    }
-
-    #[test]
-    fn ipv6_hosts_are_bracketed() {
-        assert_eq!(host_header("::1", 11434), "[::1]:11434");
-        assert_eq!(host_header("gpu.lan", 11434), "gpu.lan:11434");
     }
 }

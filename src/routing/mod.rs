@@ -13,14 +13,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use tokio::sync::Notify;
 
 pub use affinity::{AffinityTable, Entry};
 pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
-use crate::config::{BreakerConfig, Config, NodeConfig};
-use crate::fleet::{Fleet, Inventory, ModelState, Node, Slot};
+use crate::config::{Config, NodeConfig};
+use crate::fleet::{Evidence, Fleet, Inventory, Listener, ModelState, Node, Rules, Slot};
 use crate::request::Profile;
 
 pub struct Router {
@@ -31,8 +30,6 @@ pub struct Router {
     /// The configuration in force; replaced whole on reload.
     config: ArcSwap<Config>,
     next_lineage: AtomicU64,
-    /// Woken whenever a request finishes, so that waiting requests look again.
-    slot_freed: Notify,
     /// Requests waiting for a slot, fleet-wide (per node and model in `ModelState`).
     waiting: AtomicUsize,
     /// Held from a decision until its request is counted on its node (and any load it
@@ -172,7 +169,6 @@ impl Router {
             sessions: AffinityTable::new(config.affinity.capacity / 4, config.affinity.ttl),
             config: ArcSwap::from_pointee(config.clone()),
             next_lineage: AtomicU64::new(1),
-            slot_freed: Notify::new(),
             waiting: AtomicUsize::new(0),
             placement: parking_lot::Mutex::new(()),
         }
@@ -194,7 +190,7 @@ impl Router {
     pub fn set_config(&self, config: Config) {
         self.config.store(Arc::new(config));
         // Limits may have grown: let waiting requests look again.
-        self.slot_freed.notify_waiters();
+        self.fleet.wakeups.fleet_changed();
     }
 
     /// Counts a request as waiting for a slot on `node`, its best choice, unless `max`
@@ -227,10 +223,11 @@ impl Router {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// A future that completes when some request finishes. Create it before looking for
-    /// a free slot, so that a slot freed in between is not missed.
-    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.slot_freed.notified()
+    /// What a request for `model` waiting in the queue listens to: a slot freed or a load
+    /// or unload for that model, a node admitted or cut off, a reload. See
+    /// [`Listener::news`].
+    pub fn listen(&self, model: &str) -> Listener {
+        self.fleet.wakeups.listen(model)
     }
 
     fn ttl(&self) -> Duration {
@@ -242,13 +239,13 @@ impl Router {
         let config = self.config();
         let now = Instant::now();
         let nodes = self.fleet.nodes();
-        if !nodes.iter().any(|n| self.fleet.is_healthy(n)) {
+        if nodes.is_empty() {
             return Err(RouteError::NoHealthyNode);
         }
-        // Nodes that failed their last health check, or whose circuit breaker is open, are
-        // ranked after all others: first choices never go there, but a retry may, rather
-        // than refuse a request that a node might still serve (the check may be stale).
-        let standby = |n: &Node| !self.fleet.is_healthy(n) || !n.breaker.lock().admits();
+        // Nodes that are down are ranked after all others: first choices never go there, but
+        // a request tries them when no node that admits requests is left, rather than refuse
+        // a request that a node might still serve (a refused connection costs microseconds).
+        let standby = |n: &Node| !self.fleet.is_healthy(n);
         let (pin, went_cold) = self.find_pin(p);
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
@@ -601,8 +598,13 @@ pub struct Outcome {
 
 impl Dispatch {
     pub fn finish(&mut self, outcome: Outcome) {
-        let breaker: BreakerConfig = self.router.config.load().breaker.clone();
-        self.node.record_outcome(outcome.ok, &breaker);
+        let rules = Rules::of(&self.router.config.load());
+        let evidence = if outcome.ok {
+            Evidence::Served
+        } else {
+            Evidence::Failed
+        };
+        self.router.fleet.learn(&self.node, evidence, &rules);
         if !outcome.ok {
             return;
         }
@@ -642,7 +644,8 @@ impl Drop for Dispatch {
             }
             forget_if_unused(&mut models, &self.model);
         }
-        self.router.slot_freed.notify_waiters();
+        // Only the requests waiting for this model can use the slot.
+        self.router.fleet.wakeups.model_changed(&self.model);
     }
 }
 
@@ -890,7 +893,6 @@ mod tests {
     use crate::config::{NodeConfig, Weights};
     use crate::fleet::{Inventory, Resident};
     use crate::request::Endpoint;
-    use futures::FutureExt;
 
     const MODEL: &str = "llama3:8b";
 
@@ -916,7 +918,6 @@ mod tests {
             ..Default::default()
         };
         let fleet = Fleet::new(&config).unwrap();
-        fleet.start().now_or_never().unwrap().unwrap();
         for node in fleet.nodes().iter() {
             let mut inv = Inventory {
                 polled_at: Some(Instant::now()),
@@ -1145,6 +1146,26 @@ mod tests {
     }
 
     #[test]
+    fn a_finished_request_wakes_only_the_requests_waiting_for_its_model() {
+        use futures::FutureExt;
+        let r = router(1, 2);
+        let node = r.fleet.nodes()[0].clone();
+        let (same, other) = (r.listen(MODEL), r.listen("other:1b"));
+        let same = same.news(&r.fleet.wakeups);
+        let other = other.news(&r.fleet.wakeups);
+        tokio::pin!(same, other);
+        drop(r.try_dispatch(&node, &chat(&["x"])).unwrap());
+        assert!(
+            same.as_mut().now_or_never().is_some(),
+            "a slot freed for it"
+        );
+        assert!(other.as_mut().now_or_never().is_none(), "nothing for it");
+        // A reload concerns every waiter.
+        r.set_config((*r.config()).clone());
+        assert!(other.as_mut().now_or_never().is_some());
+    }
+
+    #[test]
     fn in_flight_is_released_on_drop() {
         let r = router(1, 2);
         let p = chat(&["a"]);
@@ -1186,7 +1207,6 @@ mod tests {
             ..Default::default()
         };
         let fleet = Fleet::new(&config).unwrap();
-        fleet.start().now_or_never().unwrap().unwrap();
         for node in fleet.nodes().iter() {
             let mut inv = Inventory {
                 polled_at: Some(Instant::now()),
@@ -1387,25 +1407,20 @@ mod tests {
     }
 
     #[test]
-    fn breaker_open_nodes_rank_last_but_are_not_refused() {
+    fn down_nodes_rank_last_but_are_not_refused() {
         let r = router(2, 2);
         let nodes = r.fleet.nodes();
-        nodes[0]
-            .breaker
-            .lock()
-            .trip(Instant::now(), Duration::from_secs(60));
+        let rules = Rules::of(&r.config());
+        r.fleet.learn(&nodes[0], Evidence::Refused, &rules);
         let d = r.decide(&chat(&["x"])).unwrap();
         assert_eq!(d.ranked[0].node.id, nodes[1].id);
         assert!(d.ranked[1].standby && !d.ranked[0].standby);
-        nodes[1]
-            .breaker
-            .lock()
-            .trip(Instant::now(), Duration::from_secs(60));
+        r.fleet.learn(&nodes[1], Evidence::Refused, &rules);
         let d = r.decide(&chat(&["x"])).unwrap();
         assert_eq!(
             d.ranked.len(),
             2,
-            "with every breaker open, still better than a refusal"
+            "with every node down, still better than a refusal"
         );
         assert!(d.ranked.iter().all(|c| c.standby));
     }

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -111,14 +111,38 @@ impl Router {
     /// As [`Router::start`], with extra command-line arguments for `corral`.
     pub async fn start_with_args(nodes: Vec<NodeSpec>, extra_yaml: &str, args: &[&str]) -> Router {
         let port = free_port();
+        let router = Router::spawn(port, &config_yaml(port, &nodes, extra_yaml), args).await;
+        router.wait_polled().await;
+        router
+    }
+
+    /// As [`Router::start`], returning as soon as corral listens.
+    pub async fn start_at_once(nodes: Vec<NodeSpec>, extra_yaml: &str) -> Router {
+        let port = free_port();
+        Router::spawn(port, &config_yaml(port, &nodes, extra_yaml), &[]).await
+    }
+
+    /// As [`Router::start`], with the `nodes:` list's entries written by the caller (keys
+    /// that [`NodeSpec`] does not have, such as `ca_file`).
+    pub async fn start_with_node_yaml(node_yaml: &str, extra_yaml: &str) -> Router {
+        let port = free_port();
+        let yaml = config_yaml(port, &[], extra_yaml) + node_yaml;
+        let router = Router::spawn(port, &yaml, &[]).await;
+        router.wait_polled().await;
+        router
+    }
+
+    async fn spawn(port: u16, yaml: &str, args: &[&str]) -> Router {
         let mut file = tempfile::NamedTempFile::new().expect("temp config");
-        file.write_all(config_yaml(port, &nodes, extra_yaml).as_bytes())
-            .expect("write config");
+        file.write_all(yaml.as_bytes()).expect("write config");
         let child = Command::new(env!("CARGO_BIN_EXE_corral"))
             .arg("-c")
             .arg(file.path())
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("CORRAL_TEST_LOG").unwrap_or("warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -129,8 +153,7 @@ impl Router {
             addr,
             _config: file,
         };
-        router.wait_listening();
-        router.wait_polled(nodes.len()).await;
+        router.wait_listening().await;
         router
     }
 
@@ -180,16 +203,18 @@ impl Router {
         }
     }
 
-    fn wait_listening(&self) {
+    /// Asynchronously: corral polls its nodes before it listens, and stand-in nodes share
+    /// this runtime, so they must keep answering meanwhile.
+    async fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(self.addr).is_err() {
+        while tokio::net::TcpStream::connect(self.addr).await.is_err() {
             assert!(Instant::now() < deadline, "corral did not start listening");
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Waits until /api/version answers for every node polled: a poll has completed.
-    async fn wait_polled(&self, _nodes: usize) {
+    async fn wait_polled(&self) {
         // Two poll intervals after start, every node has been read at least once.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
