@@ -1,6 +1,9 @@
-//! The active health check: `GET /` on every node every `health.interval`. Any HTTP answer
-//! below 500 passes (Ollama answers "Ollama is running"; an OpenAI-compatible server may
-//! answer 404 at its root and is alive all the same); no answer in time, or a 5xx, fails.
+//! The active health check: `GET /` on every node every `health.interval`, by Pingora's own
+//! HTTP health check (pingora-load-balancing's `HttpHealthCheck`) over the node's peer, so
+//! over TLS with the node's SNI and roots where its URL says https. Any HTTP answer below 500
+//! passes (Ollama answers "Ollama is running"; an OpenAI-compatible server may answer 404 at
+//! its root and is alive all the same); no answer in time, or a 5xx, fails. The verdict is
+//! evidence for the node's one health view ([`super::health`]), not a state of its own.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +12,19 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
-use super::client::NodeClient;
+use pingora_core::{Error, ErrorType};
+use pingora_http::ResponseHeader;
+use pingora_load_balancing::Backend;
+use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
+
 use super::health::{Evidence, Rules};
 use super::{Fleet, Node};
 
 pub struct Checker {
     fleet: Arc<Fleet>,
     rules: Rules,
-    client: NodeClient,
+    /// Connect, send and read the reply's head within this.
+    timeout: Duration,
     interval: Duration,
 }
 
@@ -25,7 +33,7 @@ impl Checker {
         Checker {
             fleet,
             rules,
-            client: NodeClient::new(timeout),
+            timeout,
             interval,
         }
     }
@@ -37,21 +45,40 @@ impl Checker {
     }
 
     async fn check(&self, node: &Node) {
-        if node.resolved().is_none() {
+        let (Some(resolved), Some(peer)) = (node.resolved(), node.peer(self.timeout)) else {
             return;
-        }
-        let evidence = match self.client.get(node, "/").await {
-            Ok((status, _)) if status < 500 => Evidence::CheckPassed,
-            Ok((status, _)) => {
-                log::debug!("health check of {}: status {status}", node.name());
-                Evidence::CheckFailed
-            }
+        };
+        let mut probe = HttpHealthCheck::new(&node.host_header(), peer.is_tls());
+        // The node's own peer: its SNI, its roots (`ca_file`) and the connect timeout.
+        probe.peer_template = peer;
+        probe.peer_template.options.read_timeout = Some(self.timeout);
+        probe.validator = Some(Box::new(alive));
+        let backend = Backend::new(&resolved.addr.to_string());
+        let verdict = match backend {
+            Ok(backend) => tokio::time::timeout(self.timeout, probe.check(&backend))
+                .await
+                .unwrap_or_else(|_| Error::e_explain(ErrorType::ReadTimedout, "no answer in time")),
+            Err(e) => Err(e),
+        };
+        let evidence = match verdict {
+            Ok(()) => Evidence::CheckPassed,
             Err(e) => {
                 log::debug!("health check of {}: {e}", node.name());
                 Evidence::CheckFailed
             }
         };
         self.fleet.learn(node, evidence, &self.rules);
+    }
+}
+
+/// Any answer below 500 shows a live server; a 5xx does not.
+fn alive(reply: &ResponseHeader) -> pingora_core::Result<()> {
+    match reply.status.as_u16() {
+        status if status < 500 => Ok(()),
+        status => Error::e_explain(
+            ErrorType::CustomCode("status", status),
+            "health check answered with a server error",
+        ),
     }
 }
 
@@ -68,6 +95,25 @@ impl BackgroundService for Checker {
                 _ = tick.tick() => self.check_all().await,
                 _ = shutdown.changed() => return,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_answer_below_500_is_alive() {
+        for (status, ok) in [
+            (200, true),
+            (404, true),
+            (499, true),
+            (500, false),
+            (503, false),
+        ] {
+            let reply = ResponseHeader::build(status, None).unwrap();
+            assert_eq!(alive(&reply).is_ok(), ok, "status {status}");
         }
     }
 }
