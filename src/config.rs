@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::kind::NodeKind;
+
 /// Pingora's own limit on a request head (`MAX_HEADER_SIZE` in pingora-core); corral reads
 /// the head first and refuses anything larger, so its limit may not exceed this one.
 pub const PINGORA_MAX_HEADER_BYTES: usize = 1_048_575;
@@ -99,11 +101,15 @@ pub struct NodeConfig {
     /// server behaves): to an empty slot, else the least recently used one.
     #[serde(default)]
     pub multiuser_cache: bool,
+    /// What kind of server the node is (`ollama`, `ollama-legacy`, `llama-cpp`, `openai`);
+    /// `auto`, the default, detects it from `/api/version` and the replies.
+    #[serde(default)]
+    pub kind: NodeKind,
 }
 
 fn default_num_parallel() -> usize {
-    // Ollama's default when memory allows (it picks 4 or 1 automatically).
-    4
+    // Ollama's default since 0.9.7 (OLLAMA_NUM_PARALLEL, envconfig/config.go).
+    1
 }
 
 /// Scoring weights. The first three and `session_affinity` are the published defaults that
@@ -485,6 +491,7 @@ impl NodeConfig {
             roles: Vec::new(),
             num_parallel: default_num_parallel(),
             multiuser_cache: false,
+            kind: NodeKind::Auto,
         }
     }
 

@@ -5,6 +5,7 @@
 //! identity, and so its state and in-flight requests, across reloads as long as its name and
 //! URL stay the same; requests already sent to a removed node finish normally.
 
+pub mod kind;
 mod node;
 mod poller;
 

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
@@ -10,7 +11,9 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 use pingora_load_balancing::Backend;
 
+use super::kind::KindState;
 use crate::config::{NodeConfig, NodeTarget};
+use crate::routing::warm::WarmState;
 
 /// What the poller last read from the node's `/api/tags` and `/api/ps`.
 #[derive(Clone, Debug, Default)]
@@ -75,6 +78,8 @@ pub struct Slot {
     pub last_used: Option<Instant>,
     /// Requests using the slot now.
     pub busy: u32,
+    /// Prompt tokens it holds, as corral estimates them.
+    pub tokens: u64,
 }
 
 /// The router's own view of one model on one node.
@@ -97,6 +102,9 @@ pub struct ModelState {
     /// When a reply for this model last succeeded here: the model was resident then, even
     /// if the last poll has not seen it yet.
     pub last_success: Option<Instant>,
+    /// What the node keeps warm beyond its slots, and its cold prefill rate, as learned
+    /// from its replies.
+    pub warm: WarmState,
 }
 
 /// A node: its configuration, its health handle, and the state corral keeps for it.
@@ -117,6 +125,10 @@ pub struct Node {
     pub success: Mutex<SuccessRatio>,
     /// Passive failure detection, between active health checks.
     pub breaker: Mutex<Breaker>,
+    /// What kind of server it is, as configured or detected.
+    pub kind: Mutex<KindState>,
+    /// Slots the node showed (llama.cpp's `/props`); 0 while unknown.
+    pub learned_parallel: AtomicUsize,
 }
 
 /// A node's resolved address, and its identity in Pingora's health checks there.
@@ -220,6 +232,7 @@ impl Node {
     pub fn new(id: u16, config: NodeConfig) -> Result<Node, String> {
         let target = config.target()?;
         let resolved = target.resolve_blocking();
+        let kind = Mutex::new(KindState::configured(config.kind));
         let node = Node {
             id,
             name: config.name.clone(),
@@ -231,6 +244,8 @@ impl Node {
             models: Mutex::new(HashMap::new()),
             success: Mutex::new(SuccessRatio::new()),
             breaker: Mutex::new(Breaker::default()),
+            kind,
+            learned_parallel: AtomicUsize::new(0),
         };
         match resolved {
             Ok(addr) => {
@@ -273,11 +288,23 @@ impl Node {
         &self.url
     }
 
+    /// Requests the node runs at once per model: as configured (default 1, as Ollama's),
+    /// or more where the node showed more slots.
+    pub fn parallel(&self) -> usize {
+        self.settings()
+            .num_parallel
+            .max(self.learned_parallel.load(Ordering::Relaxed))
+            .max(1)
+    }
+
     pub fn settings(&self) -> Arc<NodeConfig> {
         self.settings.load_full()
     }
 
     pub fn set_settings(&self, config: NodeConfig) {
+        if config.kind != self.settings().kind {
+            *self.kind.lock() = KindState::configured(config.kind);
+        }
         self.settings.store(Arc::new(config));
     }
 
@@ -302,6 +329,9 @@ impl Node {
     /// succeeded after the poll was sent (the poll raced with a load).
     pub fn update_inventory(&self, fresh: Inventory) {
         let polled_at = fresh.polled_at;
+        if let Some(version) = &fresh.version {
+            self.kind.lock().learn_version(version);
+        }
         let mut models = self.models.lock();
         for (name, state) in models.iter_mut() {
             let unloaded = !fresh.resident.contains_key(name);
@@ -314,6 +344,7 @@ impl Node {
                     slot.lineage = 0;
                     slot.depth = 0;
                 }
+                state.warm.host.clear();
                 state.last_success = None;
             }
         }
@@ -384,6 +415,7 @@ mod tests {
                 depth: 2,
                 last_used: Some(before),
                 busy: 0,
+                tokens: 10,
             }];
             m.last_success = Some(Instant::now());
         }

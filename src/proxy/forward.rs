@@ -17,12 +17,14 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 
 use super::RequestCtx;
-use super::reply::{ReplyStats, Tail};
+use super::reply::{Reading, ReplyStats, Tail};
 use crate::config::{Config, Timeouts};
 use crate::fleet::{Fleet, Node};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
-use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
+use crate::routing::{
+    Candidate, Decision, Dispatch, Observation, Outcome, RouteError, Router, WaitTicket,
+};
 
 /// Headers that describe one connection, not the message, and are never forwarded; and the
 /// router's own headers, which a client must not be able to forge.
@@ -209,6 +211,7 @@ impl Forwarder {
             }],
             pin: None,
             follow_up: false,
+            probe: None,
         };
         let candidate = &decision.ranked[0];
         let Some(dispatch) = router.try_dispatch(&candidate.node, &profile) else {
@@ -330,9 +333,16 @@ impl Forwarder {
         ctx.cold_load = !candidate.resident;
     }
 
-    /// Counts what the reply's final statistics verify: loads, and prompt tokens evaluated
-    /// or served from cache.
-    fn book_stats(&self, stats: &ReplyStats, profile: &Profile, labels: &[&str; 2]) {
+    /// Counts what the reply's final statistics verify: loads, prompt tokens evaluated or
+    /// served from cache (as measured for the node's kind), and whether corral's
+    /// prediction of the cache held.
+    fn book_stats(
+        &self,
+        stats: &ReplyStats,
+        observation: Option<&Observation>,
+        profile: &Profile,
+        labels: &[&str; 2],
+    ) {
         const LOAD_SECONDS: f64 = 0.1;
         if stats
             .load_duration
@@ -347,15 +357,34 @@ impl Forwarder {
                 .with_label_values(&[node, model, kind])
                 .inc_by(n)
         };
-        if let Some((evaluated, cached)) = stats.prompt_tokens() {
-            tokens("evaluated", evaluated);
+        let measured = match observation {
+            Some(o) => {
+                self.metrics
+                    .cache_predictions
+                    .with_label_values(&[node, o.predicted.as_str(), o.observed.as_str()])
+                    .inc();
+                Some((o.measured.evaluated(), o.measured.cached))
+            }
+            // Not a generation (an embedding): whatever was counted was evaluated.
+            None => match stats.reading() {
+                Some(Reading::Exact {
+                    evaluated, cached, ..
+                }) => Some((Some(evaluated), Some(cached))),
+                Some(Reading::OllamaCount { count, .. }) => Some((Some(count), None)),
+                _ => None,
+            },
+        };
+        if let Some((evaluated, cached)) = measured {
+            if let Some(evaluated) = evaluated {
+                tokens("evaluated", evaluated);
+                self.metrics
+                    .prompt_tokens_estimated
+                    .with_label_values(labels)
+                    .inc_by(u64::from(profile.prompt_tokens));
+            }
             if let Some(cached) = cached {
                 tokens("cached", cached);
             }
-            self.metrics
-                .prompt_tokens_estimated
-                .with_label_values(labels)
-                .inc_by(u64::from(profile.prompt_tokens));
         }
     }
 
@@ -501,13 +530,22 @@ impl Forwarder {
                 .with_label_values(&[node.name(), "status_5xx"])
                 .inc();
         }
+        let observation = match &stats {
+            Some(stats) if ok => dispatch.observe(stats),
+            _ => None,
+        };
         if let Some(stats) = &stats {
-            self.book_stats(stats, reply.profile, &labels);
+            self.book_stats(stats, observation.as_ref(), reply.profile, &labels);
+        }
+        if let Some(o) = &observation {
+            ctx.prompt_tokens = Some(o.measured.total);
+            ctx.cached_tokens = o.measured.cached;
+            ctx.cache = Some(o.observed.as_str());
         }
         dispatch.finish(Outcome {
             ok,
             ttfb,
-            prefill_tps: stats.as_ref().and_then(ReplyStats::prefill_tps),
+            prefill_tps: dispatch.prefill_tps(),
             decode_tps: stats.as_ref().and_then(ReplyStats::decode_tps),
         });
         if upstream.is_body_done() {

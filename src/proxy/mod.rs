@@ -10,7 +10,7 @@ mod body;
 mod forward;
 mod head;
 mod local;
-mod reply;
+pub mod reply;
 mod respond;
 
 use std::collections::HashMap;
@@ -66,6 +66,11 @@ pub struct RequestCtx {
     pub client_gone: bool,
     /// The node broke off its reply after it had begun.
     pub broken: bool,
+    /// The reply's prompt tokens, all and served from cache, as measured from it.
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    /// The node's cache verdict: `warm`, `cold` or `unknown`.
+    pub cache: Option<&'static str>,
 }
 
 impl Corral {
@@ -360,6 +365,9 @@ impl ProxyHttp for Corral {
                 bytes: ctx.bytes_out,
                 ttfb_ms: ctx.ttfb.map(|t| t.as_secs_f64() * 1000.0),
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
+                prompt_tokens: ctx.prompt_tokens,
+                cached_tokens: ctx.cached_tokens,
+                cache: ctx.cache,
             });
         }
     }
