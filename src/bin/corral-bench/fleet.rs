@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral::standin::{ChurnCounts, GIB, ServedRequest, StandinConfig, StandinModel, StandinNode};
+use corral::standin::{
+    ChurnCounts, GIB, ServedRequest, StandinConfig, StandinKind, StandinModel, StandinNode,
+};
 
 /// One node, described as the hardware it stands for.
 #[derive(Clone, Debug)]
@@ -118,7 +120,12 @@ impl TimeScale {
 
 /// The stand-in configuration of one node: every model that fits its memory is on its disk
 /// (an operator pulls what a machine can run), and the chat model is preloaded.
-pub fn standin_config(spec: &NodeSpec, scale: TimeScale) -> StandinConfig {
+pub fn standin_config(
+    spec: &NodeSpec,
+    scale: TimeScale,
+    kind: StandinKind,
+    cache_ram_tokens: u32,
+) -> StandinConfig {
     let memory_bytes = spec.memory_gib * GIB;
     let on_disk = models()
         .into_iter()
@@ -134,6 +141,8 @@ pub fn standin_config(spec: &NodeSpec, scale: TimeScale) -> StandinConfig {
     cfg.prefill_per_token = scale.per_token(spec.prefill_tps);
     cfg.decode_per_token = scale.per_token(spec.decode_tps);
     cfg.keep_alive = scale.of_secs(KEEP_ALIVE_SECS);
+    cfg.kind = kind;
+    cfg.cache_ram_tokens = cache_ram_tokens;
     cfg
 }
 
@@ -146,9 +155,16 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub async fn start(scale: TimeScale) -> Result<Fleet, String> {
+    pub async fn start(
+        scale: TimeScale,
+        kind: StandinKind,
+        cache_ram_tokens: u32,
+    ) -> Result<Fleet, String> {
         let specs = nodes();
-        let configs: Vec<StandinConfig> = specs.iter().map(|s| standin_config(s, scale)).collect();
+        let configs: Vec<StandinConfig> = specs
+            .iter()
+            .map(|s| standin_config(s, scale, kind, cache_ram_tokens))
+            .collect();
         let mut nodes = Vec::with_capacity(configs.len());
         for cfg in &configs {
             let addr = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -338,7 +354,7 @@ mod tests {
     #[test]
     fn models_fit_where_they_are_on_disk() {
         for spec in nodes() {
-            let cfg = standin_config(&spec, TimeScale(25.0));
+            let cfg = standin_config(&spec, TimeScale(25.0), StandinKind::Ollama, 0);
             assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));
             assert!(cfg.models.iter().all(|m| m.size_bytes <= cfg.memory_bytes));
         }

@@ -128,6 +128,13 @@ struct ReplayArgs {
     think_secs: Option<f64>,
     #[arg(long)]
     seed: Option<u64>,
+    /// The real server every stand-in node follows: ollama-legacy (Ollama before 0.30),
+    /// ollama (0.30.1 and later), llama-cpp, openai. corral is not told it.
+    #[arg(long, default_value = "ollama-legacy")]
+    node_kind: String,
+    /// Host prompt cache of llama-server based kinds, in tokens (`--cache-ram`).
+    #[arg(long, default_value_t = 0)]
+    cache_ram_tokens: u32,
 }
 
 fn main() {
@@ -214,6 +221,13 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             seed: args.seed,
         },
         scale: TimeScale(args.time_scale),
+        node_kind: corral::standin::StandinKind::parse(&args.node_kind).ok_or_else(|| {
+            format!(
+                "--node-kind {}: use ollama-legacy, ollama, llama-cpp or openai",
+                args.node_kind
+            )
+        })?,
+        cache_ram_tokens: args.cache_ram_tokens,
         corral_bin: args.corral,
         out: args.out,
         plots,
