@@ -5,6 +5,7 @@
 mod affinity;
 pub mod score;
 pub mod signals;
+mod stay;
 pub mod warm;
 
 use std::collections::HashMap;
@@ -215,6 +216,9 @@ impl Router {
         };
 
         let mut ranked = Vec::with_capacity(nodes.len());
+        // Per candidate, in the same order: expected wait and cold prefill rate, where
+        // measured.
+        let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(nodes.len());
         let mut too_large = false;
         for node in nodes.iter() {
             let settings = node.settings();
@@ -276,6 +280,13 @@ impl Router {
                 resident,
                 standby: standby(node),
             });
+            let wait = state
+                .service_s
+                .map(|service| stay::expected_wait(depth, node.parallel(), service));
+            timing.push((wait, state.cold_tps));
+        }
+        if let Some(pin) = pin {
+            keep_warm_if_sooner(&mut ranked, &timing, pin.node, p.prompt_tokens);
         }
         if ranked.is_empty() {
             return Err(match (too_large, need) {
@@ -386,6 +397,7 @@ impl Router {
             remembered: Vec::new(),
             prediction: None,
             prefill_tps: None,
+            started: Instant::now(),
         })
     }
 
@@ -510,6 +522,47 @@ impl Router {
     }
 }
 
+/// When the conversation's warm node is outscored, keeps the follow-up there anyway if,
+/// counted in seconds, it would start there no later than a move to the best other node
+/// (see [`stay`]): the warm node's affinity score is raised just enough to lead. Needs
+/// measured service times and prefill rates; without them the signals decide alone, as
+/// in the README's worked example.
+fn keep_warm_if_sooner(
+    ranked: &mut [Candidate],
+    timing: &[(Option<f64>, Option<f64>)],
+    warm_node: u16,
+    prompt_tokens: u32,
+) {
+    let Some(warm) = ranked.iter().position(|c| c.node.id == warm_node) else {
+        return;
+    };
+    let best_other = (0..ranked.len())
+        .filter(|&i| i != warm && !ranked[i].standby)
+        .max_by(|&a, &b| {
+            ranked[a]
+                .scores
+                .total()
+                .total_cmp(&ranked[b].scores.total())
+        });
+    let Some(other) = best_other else { return };
+    let gap = ranked[other].scores.total() - ranked[warm].scores.total();
+    if gap < 0.0 || ranked[warm].standby {
+        return;
+    }
+    let (Some(warm_wait), _) = timing[warm] else {
+        return;
+    };
+    let (Some(other_wait), Some(other_tps)) = timing[other] else {
+        return;
+    };
+    let Some(cost) = stay::move_cost(prompt_tokens, other_tps) else {
+        return;
+    };
+    if stay::stays(warm_wait, other_wait, cost) {
+        ranked[warm].scores.session_affinity += gap + 1.0;
+    }
+}
+
 /// A request waiting in corral for a free slot; counted until dropped.
 pub struct WaitTicket {
     router: Arc<Router>,
@@ -557,6 +610,7 @@ pub struct Dispatch {
     /// What corral expected of the node's cache when it sent the request.
     prediction: Option<Prediction>,
     prefill_tps: Option<f64>,
+    started: Instant,
 }
 
 /// What corral expected of a node's cache for one request, to check against the reply.
@@ -679,6 +733,10 @@ impl Dispatch {
         let mut models = self.node.models.lock();
         let state = models.entry(self.model.clone()).or_default();
         state.last_success = Some(Instant::now());
+        state
+            .warm
+            .service_s
+            .record(self.started.elapsed().as_secs_f64());
         if let Some(ttfb) = outcome.ttfb {
             state.ttfb_ms.record(ttfb.as_secs_f64() * 1000.0);
         }
@@ -723,6 +781,8 @@ struct NodeModelView {
     decode_tps: Option<f64>,
     speed_at: Option<Instant>,
     last_success: Option<Instant>,
+    service_s: Option<f64>,
+    cold_tps: Option<f64>,
 }
 
 impl NodeModelView {
@@ -740,7 +800,10 @@ impl NodeModelView {
             return NodeModelView::default();
         };
         // A conversation pushed out of a slot into a host cache that keeps it is not lost.
-        let host_keeps = host_allowed && state.warm.host.capacity() != Capacity::Tokens(0);
+        // A conversation pushed out of a slot into a host cache with room for it is not
+        // lost; where the cache is full, it pushes the oldest saved one out instead.
+        let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);
+        let host_keeps = host_allowed && state.warm.host.has_room(victim);
         NodeModelView {
             in_flight: state.in_flight,
             waiting: state.waiting,
@@ -750,6 +813,8 @@ impl NodeModelView {
             decode_tps: state.decode_tps.get(),
             speed_at: state.speed_at,
             last_success: state.last_success,
+            service_s: state.warm.service_s.get(),
+            cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
         }
     }
 }
@@ -1210,11 +1275,12 @@ mod tests {
         assert_eq!(d.affinity_for(0), AffinityResult::Miss);
         let needed_b = d.probe.expect("still probed").needed;
         assert!(needed_b >= needed_a);
-        // ...and the node shows it warm: the capacity grows back to cover it.
+        // ...and the node shows it warm: one reply against the other, the larger capacity
+        // (here none at all) wins, and b counts as warm again.
         let o = serve_replying(&r, &b, 0, &llama_cpp_reply(100, 3));
         assert_eq!((o.observed, o.agrees()), (Observed::Warm, Some(false)));
         let grown = node.models.lock()[MODEL].warm.host.capacity();
-        assert_eq!(grown, Capacity::Tokens(needed_b));
+        assert_eq!(grown, Capacity::Unbounded);
         assert_eq!(
             node.kind.lock().kind,
             NodeKind::LlamaCpp,
@@ -1253,6 +1319,42 @@ mod tests {
         // The prefill speed learned is that of evaluated tokens, not 101,000 per second.
         let tps = r.fleet.nodes()[0].models.lock()[MODEL].prefill_tps.get();
         assert!(tps.is_some_and(|t| (t - 1000.0).abs() < 1.0), "{tps:?}");
+    }
+
+    #[test]
+    fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
+        let r = router(2, 2);
+        let long = "x".repeat(400);
+        let first = chat(&["a", "r", &long]);
+        serve_replying(&r, &first, 0, &llama_cpp_reply(0, 100));
+        // Node 1 has shown its cold prefill rate (1,000 tokens per second).
+        serve_replying(&r, &chat(&["other"]), 1, &llama_cpp_reply(0, 100));
+        let follow_up = chat(&["a", "r", &long, "reply", "more"]);
+        let other = chat(&["unrelated"]);
+        let _one = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+        let _two = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+        // Depth two: by the signals alone the idle peer leads by 2 (the worked example),
+        // but node 0 serves in microseconds, and a move costs 2 x 106 tokens / 1,000 per s.
+        let d = r.decide(&follow_up).unwrap();
+        assert_eq!(
+            d.ranked[0].node.id, 0,
+            "waiting for the warm node is sooner"
+        );
+        assert_eq!(d.affinity_for(0), AffinityResult::Hit);
+        assert!((total_of(&d, 0) - total_of(&d, 1) - 1.0).abs() < 1e-9);
+        // Once node 0 takes 100 s a request, the move is sooner.
+        for _ in 0..50 {
+            r.fleet.nodes()[0]
+                .models
+                .lock()
+                .get_mut(MODEL)
+                .unwrap()
+                .warm
+                .service_s
+                .record(100.0);
+        }
+        let d = r.decide(&follow_up).unwrap();
+        assert_eq!(d.ranked[0].node.id, 1, "a long wait is worth a move");
     }
 
     #[test]

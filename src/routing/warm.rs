@@ -185,6 +185,9 @@ pub struct HostEntry {
 pub struct HostCache {
     entries: VecDeque<HostEntry>,
     capacity: Capacity,
+    /// Recent replies to conversations found in the list: how deep each was, and whether
+    /// the node had it warm.
+    seen: VecDeque<(u64, bool)>,
 }
 
 /// The learned capacity of a host cache, in estimated tokens.
@@ -220,12 +223,16 @@ impl HostCache {
     /// Saved conversations remembered, warm or not, so that a later reply can show how
     /// deep the real cache goes.
     const MAX_ENTRIES: usize = 1024;
+    /// Replies the capacity is learned from: the most recent ones, so that it follows a
+    /// node whose cache changes (other models loaded, a restart).
+    const SEEN: usize = 64;
 
     /// A cache known to hold nothing (the old Ollama runner).
     pub fn none() -> HostCache {
         HostCache {
             entries: VecDeque::new(),
             capacity: Capacity::Tokens(0),
+            seen: VecDeque::new(),
         }
     }
 
@@ -270,17 +277,37 @@ impl HostCache {
         None
     }
 
-    /// Corrects the capacity with what a reply showed of a conversation that needed
-    /// `needed` tokens of cache.
-    pub fn learn(&mut self, needed: u64, observed: Observed) {
-        self.capacity = match (observed, self.capacity) {
-            (Observed::Warm, Capacity::Tokens(t)) => Capacity::Tokens(t.max(needed)),
-            (Observed::Cold, Capacity::Unbounded) => Capacity::Tokens(needed.saturating_sub(1)),
-            (Observed::Cold, Capacity::Tokens(t)) => {
-                Capacity::Tokens(t.min(needed.saturating_sub(1)))
-            }
-            (_, c) => c,
+    /// Whether saving `tokens` more would push no conversation counted warm out.
+    pub fn has_room(&self, tokens: u64) -> bool {
+        let Capacity::Tokens(capacity) = self.capacity else {
+            return true;
         };
+        let mut warm = 0;
+        for e in self.entries.iter().rev() {
+            if warm + e.tokens > capacity {
+                break;
+            }
+            warm += e.tokens;
+        }
+        warm + tokens <= capacity
+    }
+
+    /// Corrects the capacity with what a reply showed of a conversation that needed
+    /// `needed` tokens of cache. The capacity is the one that explains the recent replies
+    /// best (fewest found warm beyond it or cold within it), the largest of equals: one
+    /// odd reply (a prompt counted differently, a slot chosen otherwise) moves it only as
+    /// far as the evidence as a whole allows.
+    pub fn learn(&mut self, needed: u64, observed: Observed) {
+        let warm = match observed {
+            Observed::Warm => true,
+            Observed::Cold => false,
+            Observed::Unknown => return,
+        };
+        self.seen.push_back((needed, warm));
+        while self.seen.len() > Self::SEEN {
+            self.seen.pop_front();
+        }
+        self.capacity = best_capacity(&self.seen);
     }
 
     /// Forgets every saved conversation (the model unloaded); the capacity stays learned.
@@ -297,11 +324,43 @@ impl HostCache {
     }
 }
 
+/// The capacity that misjudges the fewest of these replies (warm beyond it, or cold within
+/// it); the largest of equals, unbounded when no cold reply calls for a limit.
+fn best_capacity(seen: &VecDeque<(u64, bool)>) -> Capacity {
+    let errors = |capacity: Capacity| {
+        seen.iter()
+            .filter(|&&(needed, warm)| capacity.holds(needed) != warm)
+            .count()
+    };
+    let mut best = (errors(Capacity::Unbounded), Capacity::Unbounded);
+    let mut candidates: Vec<u64> = seen
+        .iter()
+        .map(|&(needed, warm)| {
+            if warm {
+                needed
+            } else {
+                needed.saturating_sub(1)
+            }
+        })
+        .collect();
+    candidates.sort_unstable_by(|a, b| b.cmp(a));
+    for tokens in candidates {
+        let capacity = Capacity::Tokens(tokens);
+        let e = errors(capacity);
+        if e < best.0 {
+            best = (e, capacity);
+        }
+    }
+    best.1
+}
+
 /// What corral learns per node and model, beyond the slots.
 #[derive(Clone, Debug, Default)]
 pub struct WarmState {
     pub cold_rate: ColdRate,
     pub host: HostCache,
+    /// Seconds a request takes here, from sending it to its reply's end.
+    pub service_s: Ewma,
 }
 
 #[cfg(test)]
@@ -452,13 +511,37 @@ mod tests {
         assert_eq!(h.capacity(), Capacity::Tokens(399));
         assert!(!h.place(2).unwrap().warm);
         assert!(h.place(3).unwrap().warm, "300 tokens deep still fits");
-        // Conversation 1, 500 deep, was warm after all: the cache holds at least that.
+        // Conversation 1, 500 deep, was warm after all, against one cold reply at 400:
+        // each capacity misjudges one reply, and the largest (none) wins.
         h.learn(h.place(1).unwrap().needed, Observed::Warm);
-        assert_eq!(h.capacity(), Capacity::Tokens(500));
+        assert_eq!(h.capacity(), Capacity::Unbounded);
         assert!(h.place(2).unwrap().warm);
         // An unknown verdict teaches nothing.
         h.learn(50, Observed::Unknown);
-        assert_eq!(h.capacity(), Capacity::Tokens(500));
+        assert_eq!(h.capacity(), Capacity::Unbounded);
+        // More cold replies at 400 and 450 outweigh the one warm reply at 500.
+        h.learn(400, Observed::Cold);
+        h.learn(450, Observed::Cold);
+        assert_eq!(h.capacity(), Capacity::Tokens(399));
+        // Warm replies within, cold beyond: the boundary between them.
+        let mut h = HostCache::default();
+        for (needed, warm) in [(100, true), (300, true), (700, false), (900, false)] {
+            h.learn(needed, if warm { Observed::Warm } else { Observed::Cold });
+        }
+        assert_eq!(
+            h.capacity(),
+            Capacity::Tokens(699),
+            "the largest that fits them all"
+        );
+        // Room: three saved conversations of 100 tokens in a cache of 399: 99 more fit.
+        let mut room = HostCache::default();
+        for l in 1..=3 {
+            room.save(entry(l, 100));
+        }
+        assert!(room.has_room(10_000), "unbounded");
+        room.learn(400, Observed::Cold);
+        assert_eq!(room.capacity(), Capacity::Tokens(399));
+        assert!(room.has_room(99) && !room.has_room(100));
         // The old runner keeps nothing: no saved conversation is warm.
         let mut none = HostCache::none();
         none.save(entry(9, 10));
