@@ -25,7 +25,7 @@ use crate::fleet::kind::{Counting, NodeKind};
 use crate::fleet::{Fleet, ModelState, Node, Slot};
 use crate::proxy::reply::{Reading, ReplyStats};
 use crate::request::Profile;
-use warm::{Capacity, HostEntry, HostPlace, Measured, Observed, measure};
+use warm::{HostEntry, HostPlace, Measured, Observed, measure};
 
 pub struct Router {
     pub fleet: Arc<Fleet>,
@@ -951,6 +951,7 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    use super::warm::Capacity;
     use super::*;
     use crate::config::{NodeConfig, Weights};
     use crate::fleet::{Inventory, Resident};
