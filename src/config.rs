@@ -136,6 +136,10 @@ pub struct Weights {
     pub session_affinity: f64,
     /// Penalty for a node where a new conversation would displace another warm one.
     pub slot_displacement: f64,
+    /// Deciding in seconds whether a follow-up waits for its busy warm node: a move is
+    /// counted as this many times its cold prefill elsewhere (see routing/stay.rs). 0, the
+    /// default, leaves the decision to the signals, as in the README's worked example.
+    pub move_cost: f64,
 }
 
 impl Default for Weights {
@@ -150,6 +154,7 @@ impl Default for Weights {
             context_fit: 5.0,
             session_affinity: 20.0,
             slot_displacement: 8.0,
+            move_cost: 0.0,
         }
     }
 }
@@ -429,6 +434,7 @@ impl Config {
             ("context_fit", w.context_fit),
             ("session_affinity", w.session_affinity),
             ("slot_displacement", w.slot_displacement),
+            ("move_cost", w.move_cost),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(format!(

@@ -285,8 +285,9 @@ impl Router {
                 .map(|service| stay::expected_wait(depth, node.parallel(), service));
             timing.push((wait, state.cold_tps));
         }
-        if let Some(pin) = pin {
-            keep_warm_if_sooner(&mut ranked, &timing, pin.node, p.prompt_tokens);
+        if let Some(pin) = pin.filter(|_| config.weights.move_cost > 0.0) {
+            let factor = config.weights.move_cost;
+            keep_warm_if_sooner(&mut ranked, &timing, pin.node, p.prompt_tokens, factor);
         }
         if ranked.is_empty() {
             return Err(match (too_large, need) {
@@ -526,12 +527,13 @@ impl Router {
 /// counted in seconds, it would start there no later than a move to the best other node
 /// (see [`stay`]): the warm node's affinity score is raised just enough to lead. Needs
 /// measured service times and prefill rates; without them the signals decide alone, as
-/// in the README's worked example.
+/// in the README's worked example. Off unless `weights.move_cost` is set.
 fn keep_warm_if_sooner(
     ranked: &mut [Candidate],
     timing: &[(Option<f64>, Option<f64>)],
     warm_node: u16,
     prompt_tokens: u32,
+    factor: f64,
 ) {
     let Some(warm) = ranked.iter().position(|c| c.node.id == warm_node) else {
         return;
@@ -555,7 +557,7 @@ fn keep_warm_if_sooner(
     let (Some(other_wait), Some(other_tps)) = timing[other] else {
         return;
     };
-    let Some(cost) = stay::move_cost(prompt_tokens, other_tps) else {
+    let Some(cost) = stay::move_cost(prompt_tokens, other_tps, factor) else {
         return;
     };
     if stay::stays(warm_wait, other_wait, cost) {
@@ -1325,6 +1327,9 @@ mod tests {
     #[test]
     fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
         let r = router(2, 2);
+        let mut config = (*r.config()).clone();
+        config.weights.move_cost = 2.0;
+        r.set_config(config);
         let long = "x".repeat(400);
         let first = chat(&["a", "r", &long]);
         serve_replying(&r, &first, 0, &llama_cpp_reply(0, 100));

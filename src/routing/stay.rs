@@ -8,9 +8,6 @@
 //! what it displaces. Conversations stay partitioned and move only when their node is
 //! overloaded for real.
 
-/// How many times its own prefill a move costs the fleet (itself, and what it displaces).
-pub const MOVE_COST: f64 = 2.0;
-
 /// Seconds until a request would start on a node running `depth` requests (running or
 /// waiting for it) with `parallel` slots, each request taking `service_s` seconds.
 pub fn expected_wait(depth: u32, parallel: usize, service_s: f64) -> f64 {
@@ -20,9 +17,9 @@ pub fn expected_wait(depth: u32, parallel: usize, service_s: f64) -> f64 {
 }
 
 /// Seconds a move would cost: the uncached prompt at the other node's cold prefill rate,
-/// times [`MOVE_COST`].
-pub fn move_cost(prompt_tokens: u32, cold_tps: f64) -> Option<f64> {
-    (cold_tps > 0.0).then(|| MOVE_COST * f64::from(prompt_tokens) / cold_tps)
+/// `factor` times (2: itself, and once more in what its copy displaces there).
+pub fn move_cost(prompt_tokens: u32, cold_tps: f64, factor: f64) -> Option<f64> {
+    (cold_tps > 0.0).then(|| factor * f64::from(prompt_tokens) / cold_tps)
 }
 
 /// The follow-up stays on its warm node unless it would start there later than a move,
@@ -46,12 +43,12 @@ mod tests {
     #[test]
     fn a_follow_up_waits_for_its_node_unless_the_wait_outweighs_a_move() {
         // 8,000 tokens at 1,000 per second: 8 s of prefill, 16 s counted for the move.
-        let cost = move_cost(8_000, 1_000.0).unwrap();
+        let cost = move_cost(8_000, 1_000.0, 2.0).unwrap();
         assert_eq!(cost, 16.0);
         assert!(stays(expected_wait(2, 2, 4.0), 0.0, cost), "2 s of wait");
         assert!(!stays(expected_wait(9, 1, 4.0), 0.0, cost), "36 s of wait");
         // A short prompt moves sooner: 200 tokens cost 0.4 s.
-        assert!(!stays(2.0, 0.0, move_cost(200, 1_000.0).unwrap()));
-        assert_eq!(move_cost(100, 0.0), None);
+        assert!(!stays(2.0, 0.0, move_cost(200, 1_000.0, 2.0).unwrap()));
+        assert_eq!(move_cost(100, 0.0, 2.0), None);
     }
 }
