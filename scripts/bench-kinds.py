@@ -4,6 +4,7 @@ that follow one real server's rule each, at 1x and 2x as many live conversations
 fleet has slots, several seeds; prints median [min-max] per cell.
 
 Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy]
+                              [--move-cost 2] [--policies corral,hash-by-slots,...]
 """
 import argparse
 import json
@@ -16,12 +17,13 @@ POLICIES = ["corral", "hash-by-slots", "least-per-slot", "random-resident"]
 SLOTS = 12  # the replay fleet's slots for the chat model (4 + 4 + 2 + 2)
 
 
-def run(bench, kind, live, seed, out):
+def run(bench, kind, live, seed, out, move_cost):
     cmd = [
         bench, "replay", "--workload", "long-chat", "--conversations", "24",
         "--concurrency", str(live), "--turns", "4", "--prompt-tokens", "8000",
         "--node-kind", kind, "--cache-ram-tokens", "40000",
         "--policy", ",".join(POLICIES), "--seed", str(seed), "--out", out, "--no-plots",
+        "--move-cost", str(move_cost),
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(f"{out}/replay.json") as f:
@@ -39,7 +41,10 @@ def main():
     ap.add_argument("--bench", default="target/release/corral-bench")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--kinds", default="ollama,ollama-legacy")
+    ap.add_argument("--move-cost", type=float, default=0.0, help="corral's weights.move_cost")
+    ap.add_argument("--policies", default=",".join(POLICIES))
     args = ap.parse_args()
+    POLICIES[:] = args.policies.split(",")
     print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | corral's prediction agrees |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for kind in args.kinds.split(","):
@@ -47,7 +52,7 @@ def main():
             rows = {p: {"warm": [], "p50": [], "p90": [], "agree": [0, 0]} for p in POLICIES}
             for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as out:
-                    for p in run(args.bench, kind, live, seed, out):
+                    for p in run(args.bench, kind, live, seed, out, args.move_cost):
                         r = rows[p["policy"]]
                         w = p["follow_up_warm"]
                         r["warm"].append(100.0 * w["cached_tokens"] / max(1, w["prompt_tokens"]))

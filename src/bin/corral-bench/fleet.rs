@@ -226,9 +226,17 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 impl CorralProcess {
     /// Starts `binary` with a generated configuration and waits until it has polled every
     /// node at least once.
-    pub async fn start(binary: &Path, fleet: &Fleet, scale: TimeScale) -> Result<Self, String> {
+    pub async fn start(
+        binary: &Path,
+        fleet: &Fleet,
+        scale: TimeScale,
+        move_cost: f64,
+    ) -> Result<Self, String> {
         let port = free_port()?;
-        let yaml = corral_yaml(port, fleet, scale);
+        let mut yaml = corral_yaml(port, fleet, scale);
+        if move_cost > 0.0 {
+            yaml.push_str(&format!("weights:\n  move_cost: {move_cost}\n"));
+        }
         let config = std::env::temp_dir().join(format!("corral-bench-{port}.yaml"));
         std::fs::File::create(&config)
             .and_then(|mut f| f.write_all(yaml.as_bytes()))

@@ -135,6 +135,9 @@ struct ReplayArgs {
     /// Host prompt cache of llama-server based kinds, in tokens (`--cache-ram`).
     #[arg(long, default_value_t = 0)]
     cache_ram_tokens: u32,
+    /// corral's `weights.move_cost` (0, its default, leaves deciding in seconds off).
+    #[arg(long, default_value_t = 0.0)]
+    move_cost: f64,
 }
 
 fn main() {
@@ -228,6 +231,7 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             )
         })?,
         cache_ram_tokens: args.cache_ram_tokens,
+        move_cost: args.move_cost,
         corral_bin: args.corral,
         out: args.out,
         plots,

@@ -26,6 +26,8 @@ pub struct Env {
     /// Which real server every stand-in follows, and its host prompt cache in tokens.
     pub node_kind: StandinKind,
     pub cache_ram_tokens: u32,
+    /// corral's `weights.move_cost`.
+    pub move_cost: f64,
 }
 
 /// One turn as the client saw it.
@@ -85,7 +87,9 @@ pub async fn run(
 ) -> Result<Run, String> {
     let fleet = Fleet::start(env.scale, env.node_kind, env.cache_ram_tokens).await?;
     let corral = match (policy, &env.corral_bin) {
-        (Policy::Corral, Some(bin)) => Some(CorralProcess::start(bin, &fleet, env.scale).await?),
+        (Policy::Corral, Some(bin)) => {
+            Some(CorralProcess::start(bin, &fleet, env.scale, env.move_cost).await?)
+        }
         (Policy::Corral, None) => return Err("no corral binary to run".into()),
         _ => None,
     };

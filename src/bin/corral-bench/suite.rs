@@ -17,6 +17,7 @@ pub struct Options {
     pub scale: TimeScale,
     pub node_kind: corral::standin::StandinKind,
     pub cache_ram_tokens: u32,
+    pub move_cost: f64,
     pub corral_bin: Option<PathBuf>,
     pub out: PathBuf,
     pub plots: Option<PathBuf>,
@@ -33,6 +34,7 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
         run_timeout: std::time::Duration::from_secs(600),
         node_kind: opts.node_kind,
         cache_ram_tokens: opts.cache_ram_tokens,
+        move_cost: opts.move_cost,
     };
     let mut workloads = Vec::new();
     for &kind in &opts.workloads {
