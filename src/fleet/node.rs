@@ -334,7 +334,9 @@ impl Node {
         }
         let mut models = self.models.lock();
         for (name, state) in models.iter_mut() {
-            let unloaded = !fresh.resident.contains_key(name);
+            // A request running for the model means it is loaded, or loading: a poll taken
+            // during the first load does not list it yet.
+            let unloaded = !fresh.resident.contains_key(name) && state.in_flight == 0;
             let served_since = match (state.last_success, polled_at) {
                 (Some(served), Some(polled)) => served > polled,
                 _ => false,
@@ -425,6 +427,14 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
+        // Nor does one taken while a request for it runs (the model is loading).
+        node.models.lock().get_mut("m:latest").unwrap().in_flight = 1;
+        node.update_inventory(Inventory {
+            polled_at: Some(Instant::now()),
+            ..Default::default()
+        });
+        assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
+        node.models.lock().get_mut("m:latest").unwrap().in_flight = 0;
         // A later poll that sees the model gone does.
         node.update_inventory(Inventory {
             polled_at: Some(Instant::now()),
