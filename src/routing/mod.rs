@@ -805,7 +805,7 @@ impl NodeModelView {
         // A conversation pushed out of a slot into a host cache with room for it is not
         // lost; where the cache is full, it pushes the oldest saved one out instead.
         let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);
-        let host_keeps = host_allowed && state.warm.host.has_room(victim);
+        let host_keeps = host_allowed && state.warm.host.has_room(victim, parallel);
         NodeModelView {
             in_flight: state.in_flight,
             waiting: state.waiting,

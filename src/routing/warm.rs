@@ -277,10 +277,12 @@ impl HostCache {
         None
     }
 
-    /// Whether saving `tokens` more would push no conversation counted warm out.
-    pub fn has_room(&self, tokens: u64) -> bool {
+    /// Whether saving `tokens` more would push no conversation counted warm out. Before
+    /// any reply has shown a limit, the cache is taken to hold as many conversations as
+    /// the node has `slots`, so that new conversations spread by slots meanwhile.
+    pub fn has_room(&self, tokens: u64, slots: usize) -> bool {
         let Capacity::Tokens(capacity) = self.capacity else {
-            return true;
+            return self.entries.len() < slots;
         };
         let mut warm = 0;
         for e in self.entries.iter().rev() {
@@ -538,10 +540,14 @@ mod tests {
         for l in 1..=3 {
             room.save(entry(l, 100));
         }
-        assert!(room.has_room(10_000), "unbounded");
+        assert!(
+            room.has_room(10_000, 4),
+            "no limit shown: as many as the slots"
+        );
+        assert!(!room.has_room(10, 3));
         room.learn(400, Observed::Cold);
         assert_eq!(room.capacity(), Capacity::Tokens(399));
-        assert!(room.has_room(99) && !room.has_room(100));
+        assert!(room.has_room(99, 4) && !room.has_room(100, 4));
         // The old runner keeps nothing: no saved conversation is warm.
         let mut none = HostCache::none();
         none.save(entry(9, 10));
