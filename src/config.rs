@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::kind::NodeKind;
+
 /// Pingora's own limit on a request head (`MAX_HEADER_SIZE` in pingora-core); corral reads
 /// the head first and refuses anything larger, so its limit may not exceed this one.
 pub const PINGORA_MAX_HEADER_BYTES: usize = 1_048_575;
@@ -112,11 +114,15 @@ pub struct NodeConfig {
     /// roots (a lab's self-signed certificate or private CA).
     #[serde(default)]
     pub ca_file: Option<String>,
+    /// What kind of server the node is (`ollama`, `ollama-legacy`, `llama-cpp`, `openai`);
+    /// `auto`, the default, detects it from `/api/version` and the replies.
+    #[serde(default)]
+    pub kind: NodeKind,
 }
 
 fn default_num_parallel() -> usize {
-    // Ollama's default when memory allows (it picks 4 or 1 automatically).
-    4
+    // Ollama's default since 0.9.7 (OLLAMA_NUM_PARALLEL, envconfig/config.go).
+    1
 }
 
 /// Scoring weights. The first three and `session_affinity` are the published defaults that
@@ -143,6 +149,10 @@ pub struct Weights {
     pub session_affinity: f64,
     /// Penalty for a node where a new conversation would displace another warm one.
     pub slot_displacement: f64,
+    /// Deciding in seconds whether a follow-up waits for its busy warm node: a move is
+    /// counted as this many times its cold prefill elsewhere (see routing/stay.rs). 0, the
+    /// default, leaves the decision to the signals, as in the README's worked example.
+    pub move_cost: f64,
 }
 
 impl Default for Weights {
@@ -157,6 +167,7 @@ impl Default for Weights {
             context_fit: 5.0,
             session_affinity: 20.0,
             slot_displacement: 8.0,
+            move_cost: 0.0,
         }
     }
 }
@@ -443,6 +454,7 @@ impl Config {
             ("context_fit", w.context_fit),
             ("session_affinity", w.session_affinity),
             ("slot_displacement", w.slot_displacement),
+            ("move_cost", w.move_cost),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(format!(
@@ -517,6 +529,7 @@ impl NodeConfig {
             num_parallel: default_num_parallel(),
             multiuser_cache: false,
             ca_file: None,
+            kind: NodeKind::Auto,
         }
     }
 

@@ -34,6 +34,7 @@ pub struct Metrics {
     pub model_loads: IntCounterVec,
     pub prompt_tokens: IntCounterVec,
     pub prompt_tokens_estimated: IntCounterVec,
+    pub cache_predictions: IntCounterVec,
     pub retries: IntCounterVec,
     pub upstream_errors: IntCounterVec,
     pub duration: HistogramVec,
@@ -76,6 +77,11 @@ impl Metrics {
                 "corral_prompt_tokens_estimated_total",
                 "Prompt tokens as corral estimated them (4 bytes per token) for replies that reported evaluated tokens.",
                 &["node", "model"]
+            )?,
+            cache_predictions: register_int_counter_vec!(
+                "corral_cache_predictions_total",
+                "Replies by what corral predicted of the node's cache (hit, host, miss, new) and what the reply showed (warm, cold, unknown).",
+                &["node", "predicted", "observed"]
             )?,
             retries: register_int_counter_vec!(
                 "corral_retries_total",

@@ -404,6 +404,8 @@ fn weights() -> impl Strategy<Value = Weights> {
                 context_fit: context,
                 session_affinity: session,
                 slot_displacement: displace,
+                // Deciding in seconds is off, as by default: the properties are the signals'.
+                move_cost: 0.0,
             }
         },
     )

@@ -325,3 +325,57 @@ async fn explain_header_scores_every_candidate() {
     let mut body = resp.bytes_stream();
     while body.next().await.is_some() {}
 }
+
+/// A current Ollama (llama-server runner) keeps a conversation pushed out of its only slot
+/// in its host-memory prompt cache; corral, told neither the kind nor the slot count,
+/// keeps sending the conversation there and calls it `host`.
+#[tokio::test]
+async fn a_conversation_displaced_into_host_memory_goes_back_to_its_node() {
+    let current_ollama = |name: &str| {
+        let mut cfg = fast_node(name);
+        cfg.num_parallel = 1;
+        cfg.kind = corral::standin::StandinKind::Ollama;
+        cfg.cache_ram_tokens = 100_000;
+        cfg
+    };
+    let nodes = futures::future::join_all(["x", "y"].map(|n| start(current_ollama(n)))).await;
+    let router = Router::start(
+        nodes
+            .iter()
+            .map(|n| NodeSpec {
+                num_parallel: 1,
+                ..NodeSpec::of(n, 1)
+            })
+            .collect(),
+        "",
+    )
+    .await;
+    let by_name: HashMap<_, _> = nodes.iter().map(|n| (n.name().to_string(), n)).collect();
+
+    let a1 = turns("first");
+    let (home, _, reply) = chat(&router, &a1).await;
+    // New conversations until one takes the home node's only slot.
+    let mut displaced = false;
+    for i in 0..32 {
+        let (node, affinity, _) = chat(&router, &turns(&format!("other {i}"))).await;
+        assert_eq!(affinity, "new");
+        if node == home {
+            displaced = true;
+            break;
+        }
+    }
+    assert!(displaced, "some new conversation went to {home}");
+
+    let a2 = follow(a1, reply, "And then?");
+    let (node, affinity, _) = chat(&router, &a2).await;
+    assert_eq!(
+        (node.as_str(), affinity.as_str()),
+        (home.as_str(), "host"),
+        "the follow-up went back to the node that keeps it in host memory"
+    );
+    let served = last_log(by_name[&node]);
+    assert!(
+        served.cached_tokens > 100,
+        "the node restored the conversation from its host cache: {served:?}"
+    );
+}

@@ -9,6 +9,7 @@
 mod check;
 mod client;
 mod health;
+pub mod kind;
 mod node;
 mod poller;
 mod tls;

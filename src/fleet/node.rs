@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use std::net::SocketAddr;
@@ -13,7 +13,9 @@ use pingora_core::protocols::tls::CaType;
 use pingora_core::upstreams::peer::HttpPeer;
 
 use super::health::{Evidence, Health, Rules, State};
+use super::kind::KindState;
 use crate::config::{NodeConfig, NodeTarget};
+use crate::routing::warm::WarmState;
 
 /// What the poller last read from the node's `/api/tags` and `/api/ps`.
 #[derive(Clone, Debug, Default)]
@@ -78,6 +80,8 @@ pub struct Slot {
     pub last_used: Option<Instant>,
     /// Requests using the slot now.
     pub busy: u32,
+    /// Prompt tokens it holds, as corral estimates them.
+    pub tokens: u64,
 }
 
 /// The router's own view of one model on one node.
@@ -104,6 +108,9 @@ pub struct ModelState {
     /// neither resident nor loading when sent): its memory is reserved until that request
     /// ends.
     pub loading: Option<Instant>,
+    /// What the node keeps warm beyond its slots, and its cold prefill rate, as learned
+    /// from its replies.
+    pub warm: WarmState,
 }
 
 /// A node: its configuration, its health handle, and the state corral keeps for it.
@@ -133,6 +140,10 @@ pub struct Node {
     pub poll_wanted: AtomicBool,
     /// Models seen leaving the node's memory to make room for another, per model.
     pub evictions_seen: Mutex<HashMap<String, u64>>,
+    /// What kind of server it is, as configured or detected.
+    pub kind: Mutex<KindState>,
+    /// Slots the node showed (llama.cpp's `/props`); 0 while unknown.
+    pub learned_parallel: AtomicUsize,
 }
 
 /// A node's resolved address.
@@ -192,6 +203,7 @@ impl Node {
             _ => None,
         };
         let resolved = target.resolve_blocking();
+        let kind = Mutex::new(KindState::configured(config.kind));
         let node = Node {
             id,
             name: config.name.clone(),
@@ -207,6 +219,8 @@ impl Node {
             ca,
             poll_wanted: AtomicBool::new(false),
             evictions_seen: Mutex::new(HashMap::new()),
+            kind,
+            learned_parallel: AtomicUsize::new(0),
         };
         match resolved {
             Ok(addr) => {
@@ -244,11 +258,23 @@ impl Node {
         &self.url
     }
 
+    /// Requests the node runs at once per model: as configured (default 1, as Ollama's),
+    /// or more where the node showed more slots.
+    pub fn parallel(&self) -> usize {
+        self.settings()
+            .num_parallel
+            .max(self.learned_parallel.load(Ordering::Relaxed))
+            .max(1)
+    }
+
     pub fn settings(&self) -> Arc<NodeConfig> {
         self.settings.load_full()
     }
 
     pub fn set_settings(&self, config: NodeConfig) {
+        if config.kind != self.settings().kind {
+            *self.kind.lock() = KindState::configured(config.kind);
+        }
         self.settings.store(Arc::new(config));
     }
 
@@ -331,9 +357,14 @@ impl Node {
                 }
             }
         }
+        if let Some(version) = &fresh.version {
+            self.kind.lock().learn_version(version);
+        }
         let mut models = self.models.lock();
         for (name, state) in models.iter_mut() {
-            let unloaded = !fresh.resident.contains_key(name);
+            // A request running for the model means it is loaded, or loading: a poll taken
+            // during the first load does not list it yet.
+            let unloaded = !fresh.resident.contains_key(name) && state.in_flight == 0;
             let served_since = match (state.last_success, polled_at) {
                 (Some(served), Some(polled)) => served > polled,
                 _ => false,
@@ -343,6 +374,7 @@ impl Node {
                     slot.lineage = 0;
                     slot.depth = 0;
                 }
+                state.warm.host.clear();
                 state.last_success = None;
             }
         }
@@ -455,6 +487,7 @@ mod tests {
                 depth: 2,
                 last_used: Some(before),
                 busy: 0,
+                tokens: 10,
             }];
             m.last_success = Some(Instant::now());
         }
@@ -464,6 +497,14 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
+        // Nor does one taken while a request for it runs (the model is loading).
+        node.models.lock().get_mut("m:latest").unwrap().in_flight = 1;
+        node.update_inventory(Inventory {
+            polled_at: Some(Instant::now()),
+            ..Default::default()
+        });
+        assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
+        node.models.lock().get_mut("m:latest").unwrap().in_flight = 0;
         // A later poll that sees the model gone does.
         node.update_inventory(Inventory {
             polled_at: Some(Instant::now()),

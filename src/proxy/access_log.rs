@@ -34,6 +34,12 @@ pub struct Entry<'a> {
     pub bytes: usize,
     pub ttfb_ms: Option<f64>,
     pub duration_ms: f64,
+    /// Prompt tokens of the reply, and those the node served from cache, as measured.
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    /// The node's verdict on its cache (`warm`, `cold`, `unknown`), to set against
+    /// `affinity`, corral's prediction.
+    pub cache: Option<&'a str>,
 }
 
 /// The `time` of an entry written now.
@@ -127,6 +133,9 @@ mod tests {
             bytes: 10,
             ttfb_ms: Some(1.5),
             duration_ms: 2.0,
+            prompt_tokens: Some(120),
+            cached_tokens: Some(100),
+            cache: Some("warm"),
         };
         log.write(&entry);
         drop(log);
@@ -138,6 +147,8 @@ mod tests {
                 assert_eq!(v["node"], "a");
                 assert_eq!(v["affinity"], "hit");
                 assert_eq!(v["key_name"], "team-a");
+                assert_eq!(v["cache"], "warm");
+                assert_eq!(v["cached_tokens"], 100);
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "line never written");

@@ -18,12 +18,14 @@ use pingora_proxy::Session;
 
 use super::RequestCtx;
 use super::headers;
-use super::reply::{ReplyStats, Tail};
+use super::reply::{Reading, ReplyStats, Tail};
 use crate::config::{Config, Timeouts};
 use crate::fleet::{Evidence, Fleet, Node, Rules};
 use crate::metrics::{Metrics, model_label};
 use crate::request::{ErrorShape, Profile};
-use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
+use crate::routing::{
+    Candidate, Decision, Dispatch, Observation, Outcome, RouteError, Router, WaitTicket,
+};
 
 /// How long an idle pooled connection to a node is kept.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -360,9 +362,16 @@ impl Forwarder {
         ctx.cold_load = !candidate.resident;
     }
 
-    /// Counts what the reply's final statistics verify: loads, and prompt tokens evaluated
-    /// or served from cache.
-    fn book_stats(&self, stats: &ReplyStats, profile: &Profile, labels: &[&str; 2]) {
+    /// Counts what the reply's final statistics verify: loads, prompt tokens evaluated or
+    /// served from cache (as measured for the node's kind), and whether corral's
+    /// prediction of the cache held.
+    fn book_stats(
+        &self,
+        stats: &ReplyStats,
+        observation: Option<&Observation>,
+        profile: &Profile,
+        labels: &[&str; 2],
+    ) {
         if stats.loaded_model() {
             self.metrics.model_loads.with_label_values(labels).inc();
         }
@@ -373,15 +382,34 @@ impl Forwarder {
                 .with_label_values(&[node, model, kind])
                 .inc_by(n)
         };
-        if let Some((evaluated, cached)) = stats.prompt_tokens() {
-            tokens("evaluated", evaluated);
+        let measured = match observation {
+            Some(o) => {
+                self.metrics
+                    .cache_predictions
+                    .with_label_values(&[node, o.predicted.as_str(), o.observed.as_str()])
+                    .inc();
+                Some((o.measured.evaluated(), o.measured.cached))
+            }
+            // Not a generation (an embedding): whatever was counted was evaluated.
+            None => match stats.reading() {
+                Some(Reading::Exact {
+                    evaluated, cached, ..
+                }) => Some((Some(evaluated), Some(cached))),
+                Some(Reading::OllamaCount { count, .. }) => Some((Some(count), None)),
+                _ => None,
+            },
+        };
+        if let Some((evaluated, cached)) = measured {
+            if let Some(evaluated) = evaluated {
+                tokens("evaluated", evaluated);
+                self.metrics
+                    .prompt_tokens_estimated
+                    .with_label_values(labels)
+                    .inc_by(u64::from(profile.prompt_tokens));
+            }
             if let Some(cached) = cached {
                 tokens("cached", cached);
             }
-            self.metrics
-                .prompt_tokens_estimated
-                .with_label_values(labels)
-                .inc_by(u64::from(profile.prompt_tokens));
         }
     }
 
@@ -586,13 +614,22 @@ impl Forwarder {
                 .with_label_values(&[node.name(), "status_5xx"])
                 .inc();
         }
+        let observation = match &stats {
+            Some(stats) if ok => dispatch.observe(stats),
+            _ => None,
+        };
         if let Some(stats) = &stats {
-            self.book_stats(stats, reply.profile, &labels);
+            self.book_stats(stats, observation.as_ref(), reply.profile, &labels);
             if stats.loaded_model() {
                 // The load may have evicted another model: read what the node holds now
                 // rather than count this one on top of the others.
                 reply.fleet.poll_soon(node);
             }
+        }
+        if let Some(o) = &observation {
+            ctx.prompt_tokens = Some(o.measured.total);
+            ctx.cached_tokens = o.measured.cached;
+            ctx.cache = Some(o.observed.as_str());
         }
         if ok
             && status < 400
@@ -603,7 +640,7 @@ impl Forwarder {
         dispatch.finish(Outcome {
             ok,
             ttfb,
-            prefill_tps: stats.as_ref().and_then(ReplyStats::prefill_tps),
+            prefill_tps: dispatch.prefill_tps(),
             decode_tps: stats.as_ref().and_then(ReplyStats::decode_tps),
         });
         if upstream.is_body_done() {

@@ -12,7 +12,7 @@ mod forward;
 mod head;
 mod headers;
 mod local;
-mod reply;
+pub mod reply;
 mod respond;
 mod usage;
 
@@ -72,6 +72,11 @@ pub struct RequestCtx {
     pub broken: bool,
     /// The client's `api_keys` name, or `anonymous`: usage is counted under it.
     pub client: String,
+    /// The reply's prompt tokens, all and served from cache, as measured from it.
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    /// The node's cache verdict: `warm`, `cold` or `unknown`.
+    pub cache: Option<&'static str>,
 }
 
 impl Corral {
@@ -427,6 +432,9 @@ impl ProxyHttp for Corral {
                 bytes: ctx.bytes_out,
                 ttfb_ms: ctx.ttfb.map(|t| t.as_secs_f64() * 1000.0),
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
+                prompt_tokens: ctx.prompt_tokens,
+                cached_tokens: ctx.cached_tokens,
+                cache: ctx.cache,
             });
         }
     }

@@ -4,6 +4,28 @@
 
 use serde::Deserialize;
 
+pub use crate::fleet::kind::ReplyShape;
+
+/// What one reply says about its prompt tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// The node says how many it evaluated and how many it served from cache (llama.cpp's
+    /// `timings`, OpenAI's `usage.prompt_tokens_details.cached_tokens`).
+    Exact {
+        evaluated: u64,
+        cached: u64,
+        shape: ReplyShape,
+    },
+    /// Ollama's `prompt_eval_count`: evaluated tokens before 0.30.1, cached plus evaluated
+    /// since; `prompt_eval_duration` covers the evaluated ones only.
+    OllamaCount {
+        count: u64,
+        duration_ns: Option<u64>,
+    },
+    /// Only the prompt's total (OpenAI's `usage.prompt_tokens` without details).
+    Total { total: u64 },
+}
+
 /// Keeps the last bytes of a reply, where the final chunk is.
 pub struct Tail {
     buf: Vec<u8>,
@@ -114,35 +136,62 @@ impl ReplyStats {
             .is_some_and(|ns| ns as f64 / 1e9 >= LOAD_SECONDS)
     }
 
-    /// Prompt tokens the node evaluated, and those it served from its prefix cache when it
-    /// says so (llama.cpp's timings, OpenAI's cached_tokens; Ollama reports only the
-    /// evaluated ones).
-    pub fn prompt_tokens(&self) -> Option<(u64, Option<u64>)> {
+    /// What the reply says about its prompt tokens, as the node kind that sent it counts
+    /// them. Only Ollama's count is ambiguous: see [`Reading::OllamaCount`].
+    pub fn reading(&self) -> Option<Reading> {
         if let Some(Timings {
             prompt_n: Some(evaluated),
             cache_n: Some(cached),
             ..
         }) = &self.timings
         {
-            return Some((*evaluated, Some(*cached)));
+            return Some(Reading::Exact {
+                evaluated: *evaluated,
+                cached: *cached,
+                shape: ReplyShape::LlamaCppTimings,
+            });
         }
         let usage = self.usage.as_ref();
         let cached = usage
             .and_then(|u| u.prompt_tokens_details.as_ref())
             .and_then(|d| d.cached_tokens);
         if let (Some(total), Some(cached)) = (usage.and_then(|u| u.prompt_tokens), cached) {
-            return Some((total.saturating_sub(cached), Some(cached)));
+            return Some(Reading::Exact {
+                evaluated: total.saturating_sub(cached),
+                cached: cached.min(total),
+                shape: ReplyShape::CachedTokens,
+            });
         }
-        if let Some(evaluated) = self.prompt_eval_count {
-            return Some((evaluated, None));
+        if let Some(count) = self.prompt_eval_count {
+            return Some(Reading::OllamaCount {
+                count,
+                duration_ns: self.prompt_eval_duration,
+            });
         }
-        usage.and_then(|u| u.prompt_tokens).map(|n| (n, None))
+        usage
+            .and_then(|u| u.prompt_tokens)
+            .map(|total| Reading::Total { total })
     }
 
-    /// Prompt tokens evaluated per second (only uncached tokens are evaluated).
-    pub fn prefill_tps(&self) -> Option<f64> {
-        rate(self.prompt_eval_count, self.prompt_eval_duration)
-            .or_else(|| self.timings.as_ref()?.prompt_per_second)
+    /// The cache report's shape, which tells a node's kind.
+    pub fn shape(&self) -> ReplyShape {
+        match self.reading() {
+            Some(Reading::Exact { shape, .. }) => shape,
+            Some(Reading::OllamaCount { .. }) => ReplyShape::OllamaCount,
+            _ => ReplyShape::Other,
+        }
+    }
+
+    /// Seconds the node spent evaluating the prompt, where it says.
+    pub fn prefill_seconds(&self) -> Option<f64> {
+        if let Some(ns) = self.prompt_eval_duration.filter(|ns| *ns > 0) {
+            return Some(ns as f64 / 1e9);
+        }
+        let t = self.timings.as_ref()?;
+        match (t.prompt_n, t.prompt_per_second) {
+            (Some(n), Some(tps)) if n > 0 && tps > 0.0 => Some(n as f64 / tps),
+            _ => None,
+        }
     }
 
     /// Tokens generated per second.
@@ -171,15 +220,33 @@ mod tests {
             b"\"prompt_eval_duration\":1000000000,\"eval_count\":5,\"eval_duration\":500000000}\n",
         );
         let s = ReplyStats::parse(t.last_object().unwrap()).unwrap();
-        assert_eq!(s.prefill_tps(), Some(10.0));
+        assert_eq!(s.prefill_seconds(), Some(1.0));
         assert_eq!(s.decode_tps(), Some(10.0));
-        assert_eq!(s.prompt_tokens(), Some((10, None)));
+        assert_eq!(
+            s.reading(),
+            Some(Reading::OllamaCount {
+                count: 10,
+                duration_ns: Some(1_000_000_000)
+            })
+        );
+        assert_eq!(s.shape(), ReplyShape::OllamaCount);
     }
 
     #[test]
     fn llama_cpp_timings_report_cache() {
-        let s = ReplyStats::parse(br#"{"timings":{"cache_n":90,"prompt_n":10}}"#).unwrap();
-        assert_eq!(s.prompt_tokens(), Some((10, Some(90))));
+        let s = ReplyStats::parse(
+            br#"{"timings":{"cache_n":90,"prompt_n":10,"prompt_per_second":100.0}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            s.reading(),
+            Some(Reading::Exact {
+                evaluated: 10,
+                cached: 90,
+                shape: ReplyShape::LlamaCppTimings
+            })
+        );
+        assert_eq!(s.prefill_seconds(), Some(0.1));
     }
 
     #[test]
@@ -187,7 +254,17 @@ mod tests {
         let mut t = Tail::new(1024);
         t.push(b"data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":9,\"prompt_tokens_details\":{\"cached_tokens\":7}}}\n\ndata: [DONE]\n\n");
         let s = ReplyStats::parse(t.last_object().unwrap()).unwrap();
-        assert_eq!(s.prompt_tokens(), Some((2, Some(7))));
+        assert_eq!(
+            s.reading(),
+            Some(Reading::Exact {
+                evaluated: 2,
+                cached: 7,
+                shape: ReplyShape::CachedTokens
+            })
+        );
+        assert_eq!(s.shape(), ReplyShape::CachedTokens);
+        let plain = ReplyStats::parse(br#"{"usage":{"prompt_tokens":9}}"#).unwrap();
+        assert_eq!(plain.reading(), Some(Reading::Total { total: 9 }));
         let usage = s.usage.unwrap();
         assert_eq!(usage.prompt_tokens, Some(9));
         assert_eq!(usage.prompt_tokens_details.unwrap().cached_tokens, Some(7));

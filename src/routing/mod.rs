@@ -6,6 +6,8 @@ mod affinity;
 pub mod placement;
 pub mod score;
 pub mod signals;
+mod stay;
+pub mod warm;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,8 +21,11 @@ pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
 use crate::config::{Config, NodeConfig};
+use crate::fleet::kind::{Counting, NodeKind};
 use crate::fleet::{Evidence, Fleet, Inventory, Listener, ModelState, Node, Rules, Slot};
+use crate::proxy::reply::{Reading, ReplyStats};
 use crate::request::Profile;
+use warm::{HostEntry, HostPlace, Measured, Observed, measure};
 
 pub struct Router {
     pub fleet: Arc<Fleet>,
@@ -48,6 +53,16 @@ pub struct Pin {
     /// The prefix is the whole of what the slot holds: the request continues that slot's
     /// conversation (rather than branching from it or sharing its system prompt).
     pub continues: bool,
+    /// The prefix is not in a slot but saved in the node's host-memory prompt cache.
+    pub in_host: bool,
+}
+
+/// A conversation found in a node's host-cache mirror, warm or not by the learned capacity:
+/// the reply will show which, and so correct the capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostProbe {
+    pub node: u16,
+    pub needed: u64,
 }
 
 pub struct Candidate {
@@ -72,13 +87,17 @@ pub struct Decision {
     pub follow_up: bool,
     /// The client named the node (a management call): nothing was scored or chosen.
     pub direct: bool,
+    /// Where corral expects the conversation in a node's host cache, to check the reply.
+    pub probe: Option<HostProbe>,
 }
 
 /// What `X-Fleet-Affinity` reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AffinityResult {
-    /// Sent to the node holding the conversation's warm prefix.
+    /// Sent to the node holding the conversation's warm prefix in a slot.
     Hit,
+    /// Sent to the node holding it in its host-memory prompt cache.
+    Host,
     /// A follow-up sent where its prefix is not warm.
     Miss,
     /// Nothing to be warm yet.
@@ -89,6 +108,7 @@ impl AffinityResult {
     pub fn as_str(self) -> &'static str {
         match self {
             AffinityResult::Hit => "hit",
+            AffinityResult::Host => "host",
             AffinityResult::Miss => "miss",
             AffinityResult::New => "new",
         }
@@ -145,12 +165,14 @@ impl Decision {
             pin: None,
             follow_up: false,
             direct: true,
+            probe: None,
         }
     }
 
     /// The affinity result if the request goes to the node with this id.
     pub fn affinity_for(&self, node: u16) -> AffinityResult {
         match self.pin {
+            Some(pin) if pin.node == node && pin.in_host => AffinityResult::Host,
             Some(pin) if pin.node == node => AffinityResult::Hit,
             Some(_) => AffinityResult::Miss,
             None if self.follow_up => AffinityResult::Miss,
@@ -246,7 +268,7 @@ impl Router {
         // a request tries them when no node that admits requests is left, rather than refuse
         // a request that a node might still serve (a refused connection costs microseconds).
         let standby = |n: &Node| !self.fleet.is_healthy(n);
-        let (pin, went_cold) = self.find_pin(p);
+        let (pin, went_cold, probe) = self.find_pin(p);
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
         let pinned_node = p
@@ -264,6 +286,9 @@ impl Router {
         };
 
         let mut ranked = Vec::with_capacity(nodes.len());
+        // Per candidate, in the same order: expected wait and cold prefill rate, where
+        // measured.
+        let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(nodes.len());
         let mut too_large = false;
         let mut sizes = ModelSizes::new(&nodes);
         for node in nodes.iter() {
@@ -274,9 +299,8 @@ impl Router {
             if known_empty && resident_now.is_none() && !inv.on_disk.contains_key(model) {
                 continue;
             }
-            let policy = SlotPolicy::of(&settings);
-            let state =
-                NodeModelView::read(node, model, settings.num_parallel, policy, now, self.ttl());
+            let policy = SlotPolicy::of(node, &settings);
+            let state = NodeModelView::read(node, model, node.parallel(), policy, now, self.ttl());
             // Running here, and waiting in corral for this node.
             let depth = state.in_flight + state.waiting;
             let total = settings.memory_bytes();
@@ -325,6 +349,14 @@ impl Router {
                 evicts_busy,
                 standby: standby(node),
             });
+            let wait = state
+                .service_s
+                .map(|service| stay::expected_wait(depth, node.parallel(), service));
+            timing.push((wait, state.cold_tps));
+        }
+        if let Some(pin) = pin.filter(|_| config.weights.move_cost > 0.0) {
+            let factor = config.weights.move_cost;
+            keep_warm_if_sooner(&mut ranked, &timing, pin.node, p.prompt_tokens, factor);
         }
         if ranked.is_empty() {
             return Err(match (too_large, need) {
@@ -348,14 +380,18 @@ impl Router {
             pin,
             follow_up: p.follow_up || went_cold,
             direct: false,
+            probe,
         })
     }
 
-    /// The deepest prefix of the request that a node still holds warm. Entries that no
-    /// longer hold (slot given to another conversation, model unloaded, expired) are dropped
-    /// on the way; the second value tells whether any was seen.
-    fn find_pin(&self, p: &Profile) -> (Option<Pin>, bool) {
+    /// The deepest prefix of the request that a node still holds warm, in a slot or in its
+    /// host cache. Entries that no longer hold (slot given to another conversation and not
+    /// saved, model unloaded, expired) are dropped on the way; the second value tells
+    /// whether any was seen. The third is the deepest conversation found in a host cache,
+    /// warm or not, whose reply will show how deep that cache goes.
+    fn find_pin(&self, p: &Profile) -> (Option<Pin>, bool, Option<HostProbe>) {
         let mut went_cold = false;
+        let mut probe = None;
         let now = Instant::now();
         for depth in (1..=p.chain.depth()).rev() {
             let hash = p.chain.hashes[depth];
@@ -363,32 +399,52 @@ impl Router {
                 continue;
             };
             let node = self.fleet.node(entry.node);
-            let slot_depth = node.and_then(|node| {
+            let found = node.and_then(|node| {
+                let host_allowed = node.kind.lock().host_cache != Some(false);
                 let models = node.models.lock();
                 let state = models.get(&p.model_key)?;
-                state
+                let in_slot = state
                     .slots
                     .iter()
                     .find(|s| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
-                    .map(|s| s.depth)
+                    .map(|s| Place::Slot(s.depth));
+                in_slot.or_else(|| {
+                    let place = state.warm.host.place(entry.lineage)?;
+                    Some(Place::Host(place, host_allowed))
+                })
             });
-            match slot_depth {
-                Some(slot_depth) => {
-                    let pin = Pin {
-                        node: entry.node,
-                        lineage: entry.lineage,
-                        depth,
-                        continues: slot_depth == depth,
-                    };
-                    return (Some(pin), went_cold);
+            let (slot_depth, in_host) = match found {
+                Some(Place::Slot(slot_depth)) => (slot_depth, false),
+                Some(Place::Host(place, allowed)) => {
+                    if probe.is_none() {
+                        probe = Some(HostProbe {
+                            node: entry.node,
+                            needed: place.needed,
+                        });
+                    }
+                    if !(place.warm && allowed) {
+                        // Kept: a reply may yet show it warm, and teach a larger capacity.
+                        went_cold = true;
+                        continue;
+                    }
+                    (place.depth, true)
                 }
                 None => {
                     self.affinity.remove(hash);
                     went_cold = true;
+                    continue;
                 }
-            }
+            };
+            let pin = Pin {
+                node: entry.node,
+                lineage: entry.lineage,
+                depth,
+                continues: slot_depth == depth,
+                in_host,
+            };
+            return (Some(pin), went_cold, probe);
         }
-        (None, went_cold)
+        (None, went_cold, probe)
     }
 
     /// Counts the request against the node while it runs, if the node runs fewer than
@@ -406,7 +462,7 @@ impl Router {
     }
 
     fn dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile, loads: bool) -> Option<Dispatch> {
-        let parallel = node.settings().num_parallel.max(1) as u32;
+        let parallel = node.parallel() as u32;
         let reserved = {
             let mut models = node.models.lock();
             let state = models.entry(p.model_key.clone()).or_default();
@@ -428,6 +484,9 @@ impl Router {
             lineage: 0,
             remembered: Vec::new(),
             reserved,
+            prediction: None,
+            prefill_tps: None,
+            started: Instant::now(),
         })
     }
 
@@ -449,25 +508,36 @@ impl Router {
         let now = Instant::now();
         let pin = decision.pin.filter(|pin| pin.node == node.id);
         let settings = node.settings();
-        let parallel = settings.num_parallel.max(1);
-        let policy = SlotPolicy::of(&settings);
+        let parallel = node.parallel();
+        let policy = SlotPolicy::of(node, &settings);
+        let tokens = u64::from(p.prompt_tokens);
         let (index, lineage) = {
             let mut models = node.models.lock();
             let state = models.entry(p.model_key.clone()).or_default();
             if state.slots.len() != parallel {
                 state.slots.resize(parallel, Slot::default());
             }
-            let continued = pin.filter(|pin| pin.continues).and_then(|pin| {
-                let i = state.slots.iter().position(|s| s.lineage == pin.lineage)?;
-                Some((i, pin.lineage))
-            });
+            let continued = pin
+                .filter(|pin| pin.continues && !pin.in_host)
+                .and_then(|pin| {
+                    let i = state.slots.iter().position(|s| s.lineage == pin.lineage)?;
+                    Some((i, pin.lineage))
+                });
             let (index, lineage) = continued.unwrap_or_else(|| {
-                let lineage = self.next_lineage.fetch_add(1, Ordering::Relaxed);
+                // A conversation restored from the host cache leaves it, and goes on in
+                // its own lineage if the request continues it.
+                let restored = pin
+                    .filter(|pin| pin.in_host)
+                    .and_then(|pin| state.warm.host.take(pin.lineage).map(|_| pin));
+                let lineage = match restored {
+                    Some(pin) if pin.continues => pin.lineage,
+                    _ => self.next_lineage.fetch_add(1, Ordering::Relaxed),
+                };
                 // A prompt that shares part of a slot's conversation (its system prompt)
                 // takes that slot under the longest-prefix rule, if it is idle; the
                 // multi-user cache copies the shared part into another slot instead.
                 let forked = pin
-                    .filter(|_| policy == SlotPolicy::LongestPrefix)
+                    .filter(|pin| policy == SlotPolicy::LongestPrefix && !pin.in_host)
                     .and_then(|pin| {
                         state
                             .slots
@@ -476,6 +546,18 @@ impl Router {
                     });
                 let index =
                     forked.unwrap_or_else(|| choose_slot(&state.slots, policy, now, self.ttl()));
+                // The conversation the slot held is saved to host memory (llama-server's
+                // prompt cache; the old runner's cache, learned empty, keeps nothing).
+                let displaced = &state.slots[index];
+                if displaced.lineage != 0 && displaced.lineage != lineage {
+                    let saved = HostEntry {
+                        lineage: displaced.lineage,
+                        depth: displaced.depth,
+                        tokens: displaced.tokens,
+                        saved_at: now,
+                    };
+                    state.warm.host.save(saved);
+                }
                 (index, lineage)
             });
             let slot = &mut state.slots[index];
@@ -483,10 +565,16 @@ impl Router {
             slot.depth = p.chain.depth();
             slot.last_used = Some(now);
             slot.busy += 1;
+            slot.tokens = tokens;
             (index, lineage)
         };
         dispatch.slot = Some(index);
         dispatch.lineage = lineage;
+        dispatch.prediction = Some(Prediction {
+            affinity: decision.affinity_for(node.id),
+            probe: decision.probe.filter(|probe| probe.node == node.id),
+            estimated: tokens,
+        });
         let depth = p.chain.depth();
         if depth > 0 {
             let entry = Entry {
@@ -527,6 +615,48 @@ impl Router {
             slot.lineage = 0;
             slot.depth = 0;
         }
+    }
+}
+
+/// When the conversation's warm node is outscored, keeps the follow-up there anyway if,
+/// counted in seconds, it would start there no later than a move to the best other node
+/// (see [`stay`]): the warm node's affinity score is raised just enough to lead. Needs
+/// measured service times and prefill rates; without them the signals decide alone, as
+/// in the README's worked example. Off unless `weights.move_cost` is set.
+fn keep_warm_if_sooner(
+    ranked: &mut [Candidate],
+    timing: &[(Option<f64>, Option<f64>)],
+    warm_node: u16,
+    prompt_tokens: u32,
+    factor: f64,
+) {
+    let Some(warm) = ranked.iter().position(|c| c.node.id == warm_node) else {
+        return;
+    };
+    let best_other = (0..ranked.len())
+        .filter(|&i| i != warm && !ranked[i].standby)
+        .max_by(|&a, &b| {
+            ranked[a]
+                .scores
+                .total()
+                .total_cmp(&ranked[b].scores.total())
+        });
+    let Some(other) = best_other else { return };
+    let gap = ranked[other].scores.total() - ranked[warm].scores.total();
+    if gap < 0.0 || ranked[warm].standby {
+        return;
+    }
+    let (Some(warm_wait), _) = timing[warm] else {
+        return;
+    };
+    let (Some(other_wait), Some(other_tps)) = timing[other] else {
+        return;
+    };
+    let Some(cost) = stay::move_cost(prompt_tokens, other_tps, factor) else {
+        return;
+    };
+    if stay::stays(warm_wait, other_wait, cost) {
+        ranked[warm].scores.session_affinity += gap + 1.0;
     }
 }
 
@@ -577,6 +707,10 @@ pub struct Dispatch {
     remembered: Vec<u64>,
     /// This request loads the model on the node: it holds the model's reservation there.
     reserved: bool,
+    /// What corral expected of the node's cache when it sent the request.
+    prediction: Option<Prediction>,
+    prefill_tps: Option<f64>,
+    started: Instant,
 }
 
 impl Dispatch {
@@ -585,6 +719,43 @@ impl Dispatch {
     pub fn starts_load(&self) -> bool {
         self.reserved
     }
+}
+
+/// What corral expected of a node's cache for one request, to check against the reply.
+#[derive(Clone, Copy, Debug)]
+struct Prediction {
+    affinity: AffinityResult,
+    probe: Option<HostProbe>,
+    /// corral's estimate of the prompt's tokens.
+    estimated: u64,
+}
+
+/// A reply's cache measurement set against corral's prediction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub predicted: AffinityResult,
+    pub measured: Measured,
+    pub observed: Observed,
+}
+
+impl Observation {
+    /// Whether the prediction (warm for `hit` and `host`, cold otherwise) matched the node.
+    pub fn agrees(&self) -> Option<bool> {
+        let predicted_warm = matches!(self.predicted, AffinityResult::Hit | AffinityResult::Host);
+        match self.observed {
+            Observed::Warm => Some(predicted_warm),
+            Observed::Cold => Some(!predicted_warm),
+            Observed::Unknown => None,
+        }
+    }
+}
+
+/// Where a conversation's prefix was found on a node.
+enum Place {
+    /// In a slot, holding this many boundaries.
+    Slot(usize),
+    /// In the host-cache mirror; the flag says whether the node can have a host cache.
+    Host(HostPlace, bool),
 }
 
 /// What a finished reply taught about the node.
@@ -597,6 +768,70 @@ pub struct Outcome {
 }
 
 impl Dispatch {
+    /// Reads the reply's report of cached prompt tokens as the node's kind counts them,
+    /// learns from it (the node's kind and counting, its cold prefill rate, its host
+    /// cache's capacity), and sets it against what corral predicted.
+    pub fn observe(&mut self, stats: &ReplyStats) -> Option<Observation> {
+        let prediction = self.prediction?;
+        let reading = stats.reading()?;
+        let node = &self.node;
+        let counting = {
+            let mut kind = node.kind.lock();
+            kind.learn_reply_shape(stats.shape());
+            kind.counting
+        };
+        let mut models = node.models.lock();
+        let state = models.get_mut(&self.model)?;
+        let (measured, learned) = measure(
+            reading,
+            counting,
+            state.warm.cold_rate.get(),
+            prediction.estimated,
+        );
+        if let Some(learned) = learned {
+            let mut kind = node.kind.lock();
+            if kind.counting == Counting::Unknown {
+                kind.counting = learned;
+            }
+        }
+        let observed = measured.observed();
+        let seconds = stats.prefill_seconds();
+        // The cold rate comes from replies that evaluated their whole prompt: a new
+        // conversation that the node confirms cold, or any reply whose count is of
+        // evaluated tokens only.
+        let whole_prompt = prediction.affinity == AffinityResult::New && observed != Observed::Warm;
+        // Where the count is of evaluated tokens, every reply gives the rate.
+        let counts_evaluated = matches!(reading, Reading::Exact { .. })
+            || learned.unwrap_or(counting) == Counting::EvaluatedOnly;
+        // The tokens the prefill duration covers.
+        let covered = if whole_prompt && !counts_evaluated {
+            Some(measured.total)
+        } else {
+            measured.evaluated()
+        };
+        if let (Some(seconds), Some(evaluated)) = (seconds, covered) {
+            if whole_prompt || counts_evaluated {
+                state.warm.cold_rate.record(evaluated, seconds);
+            }
+            if evaluated > 0 && seconds > 0.0 {
+                self.prefill_tps = Some(evaluated as f64 / seconds);
+            }
+        }
+        if let Some(probe) = prediction.probe {
+            state.warm.host.learn(probe.needed, observed);
+        }
+        Some(Observation {
+            predicted: prediction.affinity,
+            measured,
+            observed,
+        })
+    }
+
+    /// Prefill speed measured by [`Dispatch::observe`]: evaluated tokens per second.
+    pub fn prefill_tps(&self) -> Option<f64> {
+        self.prefill_tps
+    }
+
     pub fn finish(&mut self, outcome: Outcome) {
         let rules = Rules::of(&self.router.config.load());
         let evidence = if outcome.ok {
@@ -611,16 +846,20 @@ impl Dispatch {
         let mut models = self.node.models.lock();
         let state = models.entry(self.model.clone()).or_default();
         state.last_success = Some(Instant::now());
+        state
+            .warm
+            .service_s
+            .record(self.started.elapsed().as_secs_f64());
         if let Some(ttfb) = outcome.ttfb {
             state.ttfb_ms.record(ttfb.as_secs_f64() * 1000.0);
         }
-        if let Some(tps) = outcome.prefill_tps {
+        if let Some(tps) = outcome.prefill_tps.or(self.prefill_tps) {
             state.prefill_tps.record(tps);
         }
         if let Some(tps) = outcome.decode_tps {
             state.decode_tps.record(tps);
         }
-        if outcome.prefill_tps.is_some() || outcome.decode_tps.is_some() {
+        if outcome.prefill_tps.or(self.prefill_tps).is_some() || outcome.decode_tps.is_some() {
             state.speed_at = Some(Instant::now());
         }
     }
@@ -660,6 +899,8 @@ struct NodeModelView {
     prefill_tps: Option<f64>,
     decode_tps: Option<f64>,
     speed_at: Option<Instant>,
+    service_s: Option<f64>,
+    cold_tps: Option<f64>,
 }
 
 impl NodeModelView {
@@ -671,17 +912,26 @@ impl NodeModelView {
         now: Instant,
         ttl: Duration,
     ) -> NodeModelView {
+        let host_allowed = node.kind.lock().host_cache != Some(false);
         let models = node.models.lock();
         let Some(state) = models.get(model) else {
             return NodeModelView::default();
         };
+        // A conversation pushed out of a slot into a host cache that keeps it is not lost.
+        // A conversation pushed out of a slot into a host cache with room for it is not
+        // lost; where the cache is full, it pushes the oldest saved one out instead.
+        let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);
+        let host_keeps = host_allowed && state.warm.host.has_room(victim, parallel);
         NodeModelView {
             in_flight: state.in_flight,
             waiting: state.waiting,
-            new_conversation_displaces: displaces_warm(state, parallel, policy, now, ttl),
+            new_conversation_displaces: !host_keeps
+                && displaces_warm(state, parallel, policy, now, ttl),
             prefill_tps: state.prefill_tps.get(),
             decode_tps: state.decode_tps.get(),
             speed_at: state.speed_at,
+            service_s: state.warm.service_s.get(),
+            cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
         }
     }
 }
@@ -715,11 +965,15 @@ enum SlotPolicy {
 }
 
 impl SlotPolicy {
-    fn of(settings: &NodeConfig) -> SlotPolicy {
-        if settings.multiuser_cache {
-            SlotPolicy::LeastRecentlyUsed
-        } else {
+    /// The old Ollama runner without the multi-user cache takes the longest prefix;
+    /// llama-server (Ollama 0.30 and later, llama.cpp) an empty slot, else the least
+    /// recently used. A node of unknown kind is taken for current Ollama.
+    fn of(node: &Node, settings: &NodeConfig) -> SlotPolicy {
+        let legacy = node.kind.lock().kind == NodeKind::OllamaLegacy;
+        if legacy && !settings.multiuser_cache {
             SlotPolicy::LongestPrefix
+        } else {
+            SlotPolicy::LeastRecentlyUsed
         }
     }
 }
@@ -889,6 +1143,7 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
+    use super::warm::Capacity;
     use super::*;
     use crate::config::{NodeConfig, Weights};
     use crate::fleet::{Inventory, Resident};
@@ -896,13 +1151,17 @@ mod tests {
 
     const MODEL: &str = "llama3:8b";
 
-    /// A router over `n` idle nodes that all hold MODEL resident, with Ollama's default
-    /// slot choice.
+    /// A router over `n` idle nodes that all hold MODEL resident, of a kind to detect.
     fn router(n: usize, slots: usize) -> Arc<Router> {
-        router_with(n, slots, false)
+        router_with(n, slots, false, NodeKind::Auto)
     }
 
-    fn router_with(n: usize, slots: usize, multiuser_cache: bool) -> Arc<Router> {
+    /// The same over nodes running Ollama's old runner.
+    fn legacy_router(n: usize, slots: usize, multiuser_cache: bool) -> Arc<Router> {
+        router_with(n, slots, multiuser_cache, NodeKind::OllamaLegacy)
+    }
+
+    fn router_with(n: usize, slots: usize, multiuser_cache: bool, kind: NodeKind) -> Arc<Router> {
         let nodes = (0..n)
             .map(|i| {
                 let mut node =
@@ -910,6 +1169,7 @@ mod tests {
                 node.num_parallel = slots;
                 node.memory_gb = Some(24.0);
                 node.multiuser_cache = multiuser_cache;
+                node.kind = kind;
                 node
             })
             .collect();
@@ -1000,7 +1260,7 @@ mod tests {
 
     #[test]
     fn new_conversations_avoid_displacing_warm_slots() {
-        let r = router_with(2, 2, true);
+        let r = legacy_router(2, 2, true);
         // Fill node 0's two slots with two conversations.
         serve(&r, &chat(&["a"]), 0);
         serve(&r, &chat(&["b"]), 0);
@@ -1014,10 +1274,10 @@ mod tests {
     }
 
     #[test]
-    fn by_default_a_new_conversation_takes_the_slot_of_an_idle_one_not_an_empty_slot() {
+    fn on_the_old_runner_a_new_conversation_takes_the_slot_of_an_idle_one_not_an_empty_slot() {
         // Ollama without OLLAMA_MULTIUSER_CACHE: "b" shares its first tokens with "a",
         // nothing with the empty slot, so it takes a's slot.
-        let r = router(2, 2);
+        let r = legacy_router(2, 2, false);
         serve(&r, &chat(&["a"]), 0);
         let d = r.decide(&chat(&["b"])).unwrap();
         assert_eq!(
@@ -1033,7 +1293,7 @@ mod tests {
         assert_eq!(d.pin.map(|p| (p.node, p.continues)), Some((0, true)));
 
         // With the multi-user cache, "b" takes the empty slot and both stay warm.
-        let r = router_with(2, 2, true);
+        let r = legacy_router(2, 2, true);
         serve(&r, &chat(&["a"]), 0);
         let d = r.decide(&chat(&["b"])).unwrap();
         assert_eq!(affinity_score(&d, 0), 0.0);
@@ -1057,6 +1317,7 @@ mod tests {
             depth: 1,
             last_used: Some(now),
             busy,
+            tokens: 10,
         };
         let slots = [slot(0, 0), slot(7, 1), slot(8, 0), slot(9, 0)];
         assert_eq!(choose_slot(&slots, SlotPolicy::LongestPrefix, now, ttl), 2);
@@ -1114,8 +1375,8 @@ mod tests {
     }
 
     #[test]
-    fn displaced_conversation_is_no_longer_pinned() {
-        let r = router(1, 1);
+    fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
+        let r = legacy_router(1, 1, false);
         serve(&r, &chat(&["a"]), 0);
         serve(&r, &chat(&["b"]), 0);
         // "a" lost the node's only slot to "b".
@@ -1125,6 +1386,169 @@ mod tests {
         // "b" still holds it.
         let d = r.decide(&chat(&["b", "reply", "more"])).unwrap();
         assert_eq!(d.pin.map(|p| (p.node, p.continues)), Some((0, true)));
+    }
+
+    /// Sends a request to `node`, lets the node reply with `reply` (its final JSON
+    /// object), and returns what corral made of it.
+    fn serve_replying(r: &Arc<Router>, p: &Profile, node: usize, reply: &str) -> Observation {
+        let decision = r.decide(p).unwrap();
+        let mut d = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
+        r.commit(&mut d, p, &decision);
+        let stats = ReplyStats::parse(reply.as_bytes()).unwrap();
+        let observation = d.observe(&stats).unwrap();
+        d.finish(Outcome {
+            ok: true,
+            ..Default::default()
+        });
+        observation
+    }
+
+    fn llama_cpp_reply(cached: u64, evaluated: u64) -> String {
+        format!(
+            r#"{{"timings":{{"cache_n":{cached},"prompt_n":{evaluated},"prompt_per_second":1000.0}}}}"#
+        )
+    }
+
+    #[test]
+    fn on_current_ollama_a_displaced_conversation_stays_warm_in_host_memory() {
+        let r = router(1, 1);
+        let long = "x".repeat(400);
+        serve(&r, &chat(&["a", "r", &long]), 0);
+        serve(&r, &chat(&["b", "r", &long]), 0);
+        // "a" lost the only slot to "b", which saved it into host memory.
+        let follow_up = chat(&["a", "r", &long, "reply", "more"]);
+        let d = r.decide(&follow_up).unwrap();
+        assert_eq!(d.pin.map(|p| (p.node, p.in_host)), Some((0, true)));
+        assert_eq!(d.affinity_for(0), AffinityResult::Host);
+        assert_eq!(
+            affinity_score(&d, 0),
+            Weights::default().session_affinity,
+            "a host-warm prefix earns the affinity bonus"
+        );
+        // Restored into the slot, "a" goes on there, and "b" is saved in its turn.
+        let o = serve_replying(&r, &follow_up, 0, &llama_cpp_reply(100, 3));
+        assert_eq!(
+            (o.predicted, o.observed),
+            (AffinityResult::Host, Observed::Warm)
+        );
+        assert_eq!(o.agrees(), Some(true));
+        let d = r
+            .decide(&chat(&["a", "r", &long, "reply", "more", "x", "y"]))
+            .unwrap();
+        assert_eq!(d.affinity_for(0), AffinityResult::Hit);
+        let d = r
+            .decide(&chat(&["b", "r", &long, "reply", "more"]))
+            .unwrap();
+        assert_eq!(d.affinity_for(0), AffinityResult::Host);
+    }
+
+    #[test]
+    fn host_cache_capacity_is_learned_from_replies() {
+        let r = router(1, 1);
+        let long = "x".repeat(400);
+        for c in ["a", "b", "c", "d"] {
+            serve(&r, &chat(&[c, "r", &long]), 0);
+        }
+        // a, b, c saved (oldest first); d in the slot. "a" is the deepest: it needs the
+        // cache to hold all three. The node says it was cold.
+        let a = chat(&["a", "r", &long, "reply", "more"]);
+        let d = r.decide(&a).unwrap();
+        assert_eq!(d.affinity_for(0), AffinityResult::Host);
+        let needed_a = d.probe.unwrap().needed;
+        let o = serve_replying(&r, &a, 0, &llama_cpp_reply(0, 120));
+        assert_eq!((o.observed, o.agrees()), (Observed::Cold, Some(false)));
+        let node = &r.fleet.nodes()[0];
+        let capacity = node.models.lock()[MODEL].warm.host.capacity();
+        assert_eq!(capacity, Capacity::Tokens(needed_a - 1));
+        // Now b (also three deep: c, d, then a saved after it) is predicted cold...
+        let b = chat(&["b", "r", &long, "reply", "more"]);
+        let d = r.decide(&b).unwrap();
+        assert_eq!(d.affinity_for(0), AffinityResult::Miss);
+        let needed_b = d.probe.expect("still probed").needed;
+        assert!(needed_b >= needed_a);
+        // ...and the node shows it warm: one reply against the other, the larger capacity
+        // (here none at all) wins, and b counts as warm again.
+        let o = serve_replying(&r, &b, 0, &llama_cpp_reply(100, 3));
+        assert_eq!((o.observed, o.agrees()), (Observed::Warm, Some(false)));
+        let grown = node.models.lock()[MODEL].warm.host.capacity();
+        assert_eq!(grown, Capacity::Unbounded);
+        assert_eq!(
+            node.kind.lock().kind,
+            NodeKind::LlamaCpp,
+            "the replies' timings told the kind"
+        );
+    }
+
+    #[test]
+    fn the_cold_prefill_rate_turns_ollama_0_30_1_counts_into_cached_tokens() {
+        let r = router_with(1, 1, false, NodeKind::Ollama);
+        let long = "x".repeat(4000);
+        // A new conversation: the whole prompt (about 1000 tokens) evaluated in 1 s.
+        let first = chat(&[&long]);
+        let o = serve_replying(
+            &r,
+            &first,
+            0,
+            r#"{"prompt_eval_count":1000,"prompt_eval_duration":1000000000}"#,
+        );
+        // Nothing to compare the duration with yet: the node's verdict is unknown.
+        assert_eq!(
+            (o.predicted, o.observed),
+            (AffinityResult::New, Observed::Unknown)
+        );
+        // The follow-up counts all 1010 tokens but took 10 ms: 10 evaluated.
+        let next = chat(&[&long, "reply", "more"]);
+        let o = serve_replying(
+            &r,
+            &next,
+            0,
+            r#"{"prompt_eval_count":1010,"prompt_eval_duration":10000000}"#,
+        );
+        assert_eq!(o.predicted, AffinityResult::Hit);
+        assert_eq!(o.measured.cached, Some(1000));
+        assert_eq!(o.observed, Observed::Warm);
+        // The prefill speed learned is that of evaluated tokens, not 101,000 per second.
+        let tps = r.fleet.nodes()[0].models.lock()[MODEL].prefill_tps.get();
+        assert!(tps.is_some_and(|t| (t - 1000.0).abs() < 1.0), "{tps:?}");
+    }
+
+    #[test]
+    fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
+        let r = router(2, 2);
+        let mut config = (*r.config()).clone();
+        config.weights.move_cost = 2.0;
+        r.set_config(config);
+        let long = "x".repeat(400);
+        let first = chat(&["a", "r", &long]);
+        serve_replying(&r, &first, 0, &llama_cpp_reply(0, 100));
+        // Node 1 has shown its cold prefill rate (1,000 tokens per second).
+        serve_replying(&r, &chat(&["other"]), 1, &llama_cpp_reply(0, 100));
+        let follow_up = chat(&["a", "r", &long, "reply", "more"]);
+        let other = chat(&["unrelated"]);
+        let _one = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+        let _two = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+        // Depth two: by the signals alone the idle peer leads by 2 (the worked example),
+        // but node 0 serves in microseconds, and a move costs 2 x 106 tokens / 1,000 per s.
+        let d = r.decide(&follow_up).unwrap();
+        assert_eq!(
+            d.ranked[0].node.id, 0,
+            "waiting for the warm node is sooner"
+        );
+        assert_eq!(d.affinity_for(0), AffinityResult::Hit);
+        assert!((total_of(&d, 0) - total_of(&d, 1) - 1.0).abs() < 1e-9);
+        // Once node 0 takes 100 s a request, the move is sooner.
+        for _ in 0..50 {
+            r.fleet.nodes()[0]
+                .models
+                .lock()
+                .get_mut(MODEL)
+                .unwrap()
+                .warm
+                .service_s
+                .record(100.0);
+        }
+        let d = r.decide(&follow_up).unwrap();
+        assert_eq!(d.ranked[0].node.id, 1, "a long wait is worth a move");
     }
 
     #[test]

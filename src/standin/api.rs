@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::catalog::{details, digest, show as show_body, tag_entry};
 use super::clock::{far_future_rfc3339, instant_rfc3339};
-use super::config::Fault;
+use super::config::{Fault, StandinKind};
 use super::error::StandinError;
 use super::node::Node;
 use super::parse::json_body;
@@ -28,8 +28,9 @@ use super::{compat, ollama, openai};
 /// router must be tested with bodies far above Pingora's 64 KiB replay buffer.
 const MAX_BODY: usize = 256 << 20;
 
-/// The version string `/api/version` reports.
+/// The version string `/api/version` reports: an Ollama before 0.30, or a current one.
 const VERSION: &str = "0.5.7-standin";
+const CURRENT_VERSION: &str = "0.33.0-standin";
 
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
@@ -91,8 +92,13 @@ async fn root() -> &'static str {
     "Ollama is running"
 }
 
-async fn version() -> Json<Value> {
-    Json(json!({ "version": VERSION }))
+/// llama-server and other OpenAI-compatible servers have no `/api/version`.
+async fn version(State(node): State<Arc<Node>>) -> Response {
+    match node.cfg.kind {
+        StandinKind::OllamaLegacy => Json(json!({ "version": VERSION })).into_response(),
+        StandinKind::Ollama => Json(json!({ "version": CURRENT_VERSION })).into_response(),
+        StandinKind::LlamaCpp | StandinKind::Openai => not_found().await.into_response(),
+    }
 }
 
 async fn not_found() -> (StatusCode, &'static str) {

@@ -61,8 +61,50 @@ pub struct StandinConfig {
     /// Idle time after which a resident model unloads, unless a request sets `keep_alive`.
     pub keep_alive: Duration,
     /// `OLLAMA_MULTIUSER_CACHE`: how a prompt that continues no slot picks one (see
-    /// `slots::choose_slot`). Off, as in Ollama.
+    /// `slots::choose_slot`). Off, as in Ollama. Only for [`StandinKind::OllamaLegacy`].
     pub multiuser_cache: bool,
+    /// Which real server the node behaves as: its slot rule, its host prompt cache, how
+    /// its replies count cached tokens, what `/api/version` says.
+    pub kind: StandinKind,
+    /// The host-memory prompt cache of llama-server based kinds (`--cache-ram`), in
+    /// tokens; 0 keeps none.
+    pub cache_ram_tokens: u32,
+}
+
+/// The real servers a stand-in can follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StandinKind {
+    /// Ollama before 0.30 (`runner/ollamarunner/cache.go`): longest-prefix slots, no host
+    /// cache, `prompt_eval_count` counts evaluated tokens; version 0.5.7.
+    #[default]
+    OllamaLegacy,
+    /// Ollama 0.30.1 and later: a llama-server runner (slot similarity, host prompt cache,
+    /// see `llama_server`), `prompt_eval_count` counts cached and evaluated tokens, its
+    /// OpenAI `usage` has no cached-token details; version 0.33.0.
+    Ollama,
+    /// llama-server used directly: the same rule; replies carry `timings` (`cache_n`,
+    /// `prompt_n`) and `usage.prompt_tokens_details.cached_tokens`; no `/api/version`.
+    LlamaCpp,
+    /// Another OpenAI-compatible server reporting `cached_tokens`; its prefix cache is
+    /// the llama-server rule's as well; no `/api/version`.
+    Openai,
+}
+
+impl StandinKind {
+    /// Whether the node chooses slots as llama-server does, with a host prompt cache.
+    pub fn is_llama_server(self) -> bool {
+        !matches!(self, StandinKind::OllamaLegacy)
+    }
+
+    pub fn parse(name: &str) -> Option<StandinKind> {
+        Some(match name {
+            "ollama-legacy" => StandinKind::OllamaLegacy,
+            "ollama" => StandinKind::Ollama,
+            "llama-cpp" => StandinKind::LlamaCpp,
+            "openai" => StandinKind::Openai,
+            _ => return None,
+        })
+    }
 }
 
 impl StandinConfig {
@@ -81,6 +123,8 @@ impl StandinConfig {
             reply_tokens: 8,
             keep_alive: Duration::from_secs(5 * 60),
             multiuser_cache: false,
+            kind: StandinKind::OllamaLegacy,
+            cache_ram_tokens: 0,
         }
     }
 
@@ -175,6 +219,8 @@ fn demo_node(
         reply_tokens: 24,
         keep_alive: Duration::from_secs(5 * 60),
         multiuser_cache: false,
+        kind: StandinKind::OllamaLegacy,
+        cache_ram_tokens: 0,
     }
 }
 

@@ -104,6 +104,7 @@ async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
             id: openai_id(job.api, node.next_id()),
             created: unix_now(),
             include_usage: job.include_usage,
+            kind: node.cfg.kind,
         },
         stream: job.stream,
         tokens: reply_tokens(&prompt, stats.eval_count),

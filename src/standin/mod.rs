@@ -28,6 +28,7 @@ mod config;
 mod embed;
 mod error;
 mod generate;
+mod llama_server;
 mod node;
 mod ollama;
 mod openai;
@@ -46,7 +47,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-pub use config::{Fault, GIB, StandinConfig, StandinModel, demo_fleet};
+pub use config::{Fault, GIB, StandinConfig, StandinKind, StandinModel, demo_fleet};
 pub use residency::ChurnCounts;
 
 use node::Node;

@@ -320,10 +320,11 @@ impl Residency {
             users: 0,
             last_used: Instant::now(),
             keep_alive,
-            slots: Arc::new(SlotTable::new(
-                self.cfg.num_parallel,
-                self.cfg.multiuser_cache,
-            )),
+            slots: Arc::new(if self.cfg.kind.is_llama_server() {
+                SlotTable::llama_server(self.cfg.num_parallel, self.cfg.cache_ram_tokens)
+            } else {
+                SlotTable::new(self.cfg.num_parallel, self.cfg.multiuser_cache)
+            }),
             instance: *next,
         }
     }

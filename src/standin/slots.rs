@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::llama_server::{PromptCache, take_slot};
 use super::prompt::{common_prefix_tokens, tokens_in};
 
 /// One slot: the rendered text whose KV state it holds.
@@ -60,6 +61,8 @@ pub struct SlotTable {
     slots: Mutex<Vec<Slot>>,
     clock: AtomicU64,
     multiuser_cache: bool,
+    /// llama-server's rule and host prompt cache, instead of Ollama's old runner's.
+    prompt_cache: Option<Mutex<PromptCache>>,
 }
 
 impl SlotTable {
@@ -70,6 +73,16 @@ impl SlotTable {
             slots: Mutex::new(vec![Slot::default(); n]),
             clock: AtomicU64::new(0),
             multiuser_cache,
+            prompt_cache: None,
+        }
+    }
+
+    /// Slots chosen as llama-server chooses them, with a host prompt cache of
+    /// `cache_tokens` (see [`super::llama_server`]).
+    pub fn llama_server(num_parallel: usize, cache_tokens: u32) -> Self {
+        SlotTable {
+            prompt_cache: Some(Mutex::new(PromptCache::new(cache_tokens))),
+            ..SlotTable::new(num_parallel, false)
         }
     }
 
@@ -79,7 +92,11 @@ impl SlotTable {
         // The semaphore is never closed; without a permit the slot search still works.
         let permit = Arc::clone(&self.permits).acquire_owned().await.ok();
         let mut slots = self.slots.lock();
-        let (index, common) = choose_slot(&slots, prompt, self.multiuser_cache).unwrap_or((0, 0));
+        let chosen = match &self.prompt_cache {
+            Some(cache) => take_slot(&mut slots, &mut cache.lock(), prompt),
+            None => choose_slot(&slots, prompt, self.multiuser_cache),
+        };
+        let (index, common) = chosen.unwrap_or((0, 0));
         let slot = &mut slots[index];
         slot.busy = true;
         slot.last_used = self.tick();

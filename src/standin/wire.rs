@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::clock::now_rfc3339;
 use super::compat::CompatWire;
+use super::config::StandinKind;
 use super::error::StandinError;
 use super::node::Capability;
 use super::prompt::render_chat_reply;
@@ -119,6 +120,8 @@ pub struct Wire {
     pub created: u64,
     /// OpenAI `stream_options.include_usage`: send a usage chunk before `[DONE]`.
     pub include_usage: bool,
+    /// Which server's counting the reply follows.
+    pub kind: StandinKind,
 }
 
 impl Wire {
@@ -175,11 +178,16 @@ impl Wire {
         if !self.api.is_openai() {
             return vec![ndjson(&self.ollama_chunk("", Some(stats)))];
         }
-        let mut out = vec![sse(&self.openai_chunk("", Some("stop")))];
+        let mut finish = self.openai_chunk("", Some("stop"));
+        if !self.include_usage {
+            self.add_timings(&mut finish, stats);
+        }
+        let mut out = vec![sse(&finish)];
         if self.include_usage {
             let mut usage = self.openai_base(true);
             usage["choices"] = json!([]);
-            usage["usage"] = openai_usage(stats);
+            usage["usage"] = self.openai_usage(stats);
+            self.add_timings(&mut usage, stats);
             out.push(sse(&usage));
         }
         out.push(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -193,7 +201,8 @@ impl Wire {
         } else if self.api.is_openai() {
             let mut v = self.openai_base(false);
             v["choices"] = json!([self.openai_choice(text, Some("stop"), false)]);
-            v["usage"] = openai_usage(stats);
+            v["usage"] = self.openai_usage(stats);
+            self.add_timings(&mut v, stats);
             v
         } else {
             self.ollama_chunk(text, Some(stats))
@@ -213,7 +222,13 @@ impl Wire {
             v["done_reason"] = json!("stop");
             v["total_duration"] = nanos(stats.total_duration);
             v["load_duration"] = nanos(stats.load_duration);
-            v["prompt_eval_count"] = json!(stats.prompt_eval_count());
+            // Ollama 0.30.1 and later count cached tokens too (llama-server's
+            // cache_n + prompt_n); older Ollama only the evaluated ones.
+            let count = match self.kind {
+                StandinKind::OllamaLegacy => stats.prompt_eval_count(),
+                _ => stats.prompt_tokens,
+            };
+            v["prompt_eval_count"] = json!(count);
             v["prompt_eval_duration"] = nanos(stats.prompt_eval_duration);
             v["eval_count"] = json!(stats.eval_count);
             v["eval_duration"] = nanos(stats.eval_duration);
@@ -253,13 +268,41 @@ impl Wire {
     }
 }
 
-fn openai_usage(stats: &Stats) -> Value {
-    json!({
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.eval_count,
-        "total_tokens": stats.prompt_tokens + stats.eval_count,
-        "prompt_tokens_details": { "cached_tokens": stats.cached_tokens },
-    })
+impl Wire {
+    fn openai_usage(&self, stats: &Stats) -> Value {
+        let mut usage = json!({
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.eval_count,
+            "total_tokens": stats.prompt_tokens + stats.eval_count,
+        });
+        // Current Ollama's OpenAI usage has no details (openai/openai.go).
+        if self.kind != StandinKind::Ollama {
+            usage["prompt_tokens_details"] = json!({ "cached_tokens": stats.cached_tokens });
+        }
+        usage
+    }
+
+    /// llama-server's `timings` in the last object of an OpenAI reply
+    /// (tools/server/server-task.cpp, `result_timings`).
+    fn add_timings(&self, v: &mut Value, stats: &Stats) {
+        if self.kind != StandinKind::LlamaCpp {
+            return;
+        }
+        let evaluated = stats.prompt_eval_count();
+        let prompt_ms = stats.prompt_eval_duration.as_secs_f64() * 1000.0;
+        let per_second = if prompt_ms > 0.0 {
+            f64::from(evaluated) / (prompt_ms / 1000.0)
+        } else {
+            0.0
+        };
+        v["timings"] = json!({
+            "cache_n": stats.cached_tokens,
+            "prompt_n": evaluated,
+            "prompt_ms": prompt_ms,
+            "prompt_per_second": per_second,
+            "predicted_n": stats.eval_count,
+        });
+    }
 }
 
 fn nanos(d: Duration) -> Value {
@@ -287,6 +330,7 @@ mod tests {
             id: "chatcmpl-1".into(),
             created: 1,
             include_usage,
+            kind: StandinKind::OllamaLegacy,
         }
     }
 

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral::standin::{ChurnCounts, GIB, ServedRequest, StandinConfig, StandinModel, StandinNode};
+use corral::standin::{
+    ChurnCounts, GIB, ServedRequest, StandinConfig, StandinKind, StandinModel, StandinNode,
+};
 
 use crate::workload::{WorkloadKind, WorkloadSpec};
 
@@ -230,8 +232,14 @@ impl TimeScale {
     }
 }
 
-/// The stand-in configuration of one node of a plan.
-pub fn standin_config(plan: &Plan, node: usize, scale: TimeScale) -> StandinConfig {
+/// The stand-in configuration of one node of a plan, following the real server `kind`.
+pub fn standin_config(
+    plan: &Plan,
+    node: usize,
+    scale: TimeScale,
+    kind: StandinKind,
+    cache_ram_tokens: u32,
+) -> StandinConfig {
     let spec = &plan.nodes[node];
     let mut cfg = StandinConfig::new(spec.name);
     cfg.memory_bytes = spec.memory_gib * GIB;
@@ -246,6 +254,8 @@ pub fn standin_config(plan: &Plan, node: usize, scale: TimeScale) -> StandinConf
     cfg.decode_per_token = scale.per_token(spec.decode_tps);
     cfg.keep_alive = scale.of_secs(KEEP_ALIVE_SECS);
     cfg.multiuser_cache = plan.multiuser_cache;
+    cfg.kind = kind;
+    cfg.cache_ram_tokens = cache_ram_tokens;
     cfg
 }
 
@@ -260,10 +270,15 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub async fn start(plan: &Plan, scale: TimeScale) -> Result<Fleet, String> {
+    pub async fn start(
+        plan: &Plan,
+        scale: TimeScale,
+        kind: StandinKind,
+        cache_ram_tokens: u32,
+    ) -> Result<Fleet, String> {
         let specs = plan.nodes.clone();
         let configs: Vec<StandinConfig> = (0..specs.len())
-            .map(|i| standin_config(plan, i, scale))
+            .map(|i| standin_config(plan, i, scale, kind, cache_ram_tokens))
             .collect();
         let mut nodes = Vec::with_capacity(configs.len());
         for cfg in &configs {
@@ -340,10 +355,18 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 impl CorralProcess {
     /// Starts `binary` with a generated configuration and waits until it has polled every
     /// node at least once.
-    pub async fn start(binary: &Path, fleet: &Fleet, scale: TimeScale) -> Result<Self, String> {
+    pub async fn start(
+        binary: &Path,
+        fleet: &Fleet,
+        scale: TimeScale,
+        move_cost: f64,
+    ) -> Result<Self, String> {
         let port = free_port()?;
         let metrics_port = free_port()?;
-        let yaml = corral_yaml(port, metrics_port, fleet, scale);
+        let mut yaml = corral_yaml(port, metrics_port, fleet, scale);
+        if move_cost > 0.0 {
+            yaml.push_str(&format!("weights:\n  move_cost: {move_cost}\n"));
+        }
         let config = std::env::temp_dir().join(format!("corral-bench-{port}.yaml"));
         std::fs::File::create(&config)
             .and_then(|mut f| f.write_all(yaml.as_bytes()))
@@ -516,7 +539,7 @@ mod tests {
         for kind in [WorkloadKind::LongChat, WorkloadKind::Placement] {
             let plan = Plan::of_kind(kind);
             for i in 0..plan.nodes.len() {
-                let cfg = standin_config(&plan, i, TimeScale(25.0));
+                let cfg = standin_config(&plan, i, TimeScale(25.0), StandinKind::Ollama, 0);
                 assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));
                 assert!(cfg.models.iter().all(|m| m.size_bytes <= cfg.memory_bytes));
             }

@@ -166,6 +166,16 @@ struct ReplayArgs {
     /// Slots (`OLLAMA_NUM_PARALLEL`) of every node, instead of the fleet's own.
     #[arg(long)]
     node_slots: Option<usize>,
+    /// The real server every stand-in node follows: ollama-legacy (Ollama before 0.30),
+    /// ollama (0.30.1 and later), llama-cpp, openai. corral is not told it.
+    #[arg(long, default_value = "ollama-legacy")]
+    node_kind: String,
+    /// Host prompt cache of llama-server based kinds, in tokens (`--cache-ram`).
+    #[arg(long, default_value_t = 0)]
+    cache_ram_tokens: u32,
+    /// corral's `weights.move_cost` (0, its default, leaves deciding in seconds off).
+    #[arg(long, default_value_t = 0.0)]
+    move_cost: f64,
 }
 
 fn main() {
@@ -284,6 +294,14 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
         },
         seeds: args.seeds,
         scale: TimeScale(args.time_scale),
+        node_kind: corral::standin::StandinKind::parse(&args.node_kind).ok_or_else(|| {
+            format!(
+                "--node-kind {}: use ollama-legacy, ollama, llama-cpp or openai",
+                args.node_kind
+            )
+        })?,
+        cache_ram_tokens: args.cache_ram_tokens,
+        move_cost: args.move_cost,
         corral_bin: args.corral,
         out: args.out,
         plots,

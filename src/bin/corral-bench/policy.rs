@@ -22,6 +22,13 @@ pub enum Policy {
     /// A hash of the conversation picks the node: a sticky session, as `hash $cookie` in
     /// nginx would do with a session cookie.
     StickyHash,
+    /// A hash of the conversation picks the node, each node weighted by its slots
+    /// (nginx `hash ... consistent` with `weight=` set to the slots).
+    HashBySlots,
+    /// The node with the fewest requests in flight per slot.
+    LeastPerSlot,
+    /// A node chosen at random among those where the model is resident now.
+    RandomResident,
     /// Through the corral router.
     Corral,
     /// Through corral, one conversation at a time: the yardstick of the placement
@@ -44,6 +51,9 @@ impl Policy {
             Policy::RoundRobin => "round-robin",
             Policy::LeastConnections => "least-connections",
             Policy::StickyHash => "sticky-hash",
+            Policy::HashBySlots => "hash-by-slots",
+            Policy::LeastPerSlot => "least-per-slot",
+            Policy::RandomResident => "random-resident",
             Policy::Corral => "corral",
             Policy::CorralOneAtATime => "corral-1-at-a-time",
         }
@@ -62,6 +72,8 @@ pub struct Picker {
     next: AtomicUsize,
     /// Requests in flight per node, for least-connections.
     in_flight: Vec<AtomicUsize>,
+    /// Each node's slots, for the slot-weighted policies.
+    slots: Vec<usize>,
 }
 
 /// A request counted against a node; gives the count back when dropped.
@@ -77,13 +89,19 @@ impl Drop for InFlight<'_> {
 }
 
 impl Picker {
-    pub fn new(policy: Policy, nodes: usize, seed: u64) -> Picker {
+    /// A picker over nodes with these slot counts.
+    pub fn new(policy: Policy, slots: Vec<usize>, seed: u64) -> Picker {
         Picker {
             policy,
             rng: Mutex::new(Rng::derive(seed, policy.name(), 0)),
             next: AtomicUsize::new(0),
-            in_flight: (0..nodes).map(|_| AtomicUsize::new(0)).collect(),
+            in_flight: slots.iter().map(|_| AtomicUsize::new(0)).collect(),
+            slots,
         }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
     }
 
     /// Chooses among `candidates` (indexes of nodes that have the model, never empty) and
@@ -95,7 +113,9 @@ impl Picker {
         }
         let i = match self.policy {
             Policy::Corral | Policy::CorralOneAtATime => return None,
-            Policy::Random => self.rng.lock().below(n as u64) as usize,
+            Policy::Random | Policy::RandomResident => self.rng.lock().below(n as u64) as usize,
+            Policy::HashBySlots => self.hash_by_slots(conversation, candidates),
+            Policy::LeastPerSlot => self.least_per_slot(candidates),
             Policy::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
             Policy::StickyHash => sticky(conversation, n),
             Policy::LeastConnections => self.least_loaded(candidates),
@@ -117,6 +137,42 @@ impl Picker {
     }
 }
 
+impl Picker {
+    fn slots_of(&self, node: usize) -> usize {
+        self.slots.get(node).copied().unwrap_or(1).max(1)
+    }
+
+    /// Weighted rendezvous hashing: the candidate with the highest `-weight / ln(u)`, u
+    /// uniform from a hash of (conversation, node); each wins in proportion to its slots.
+    fn hash_by_slots(&self, conversation: usize, candidates: &[usize]) -> usize {
+        let score = |i: usize| {
+            let node = candidates[i];
+            let mut bytes = (conversation as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(&(node as u64).to_le_bytes());
+            let h = xxhash_rust::xxh3::xxh3_64(&bytes);
+            let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            -(self.slots_of(node) as f64) / u.ln()
+        };
+        (0..candidates.len())
+            .max_by(|&a, &b| score(a).total_cmp(&score(b)))
+            .unwrap_or(0)
+    }
+
+    /// The candidate with the fewest requests in flight per slot; ties in turn.
+    fn least_per_slot(&self, candidates: &[usize]) -> usize {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = candidates.len();
+        let load = |i: usize| {
+            let node = candidates[i];
+            self.in_flight[node].load(Ordering::Relaxed) as f64 / self.slots_of(node) as f64
+        };
+        (0..n)
+            .map(|k| (start + k) % n)
+            .min_by(|&a, &b| load(a).total_cmp(&load(b)))
+            .unwrap_or(0)
+    }
+}
+
 fn sticky(conversation: usize, n: usize) -> usize {
     let h = xxhash_rust::xxh3::xxh3_64(&(conversation as u64).to_le_bytes());
     (h % n as u64) as usize
@@ -128,11 +184,11 @@ mod tests {
 
     #[test]
     fn sticky_is_stable_and_round_robin_rotates() {
-        let p = Picker::new(Policy::StickyHash, 4, 1);
+        let p = Picker::new(Policy::StickyHash, vec![1; 4], 1);
         let a = p.pick(7, &[0, 1, 2, 3]).map(|f| f.node);
         let b = p.pick(7, &[0, 1, 2, 3]).map(|f| f.node);
         assert_eq!(a, b);
-        let rr = Picker::new(Policy::RoundRobin, 3, 1);
+        let rr = Picker::new(Policy::RoundRobin, vec![1; 3], 1);
         let picks: Vec<_> = (0..3)
             .filter_map(|c| rr.pick(c, &[0, 1, 2]).map(|f| f.node))
             .collect();
@@ -141,7 +197,7 @@ mod tests {
 
     #[test]
     fn least_connections_avoids_busy_nodes() {
-        let p = Picker::new(Policy::LeastConnections, 3, 1);
+        let p = Picker::new(Policy::LeastConnections, vec![1; 3], 1);
         let first = p.pick(0, &[0, 1, 2]);
         let second = p.pick(1, &[0, 1, 2]);
         let third = p.pick(2, &[0, 1, 2]);
@@ -157,6 +213,30 @@ mod tests {
 
     #[test]
     fn corral_picks_nothing_client_side() {
-        assert!(Picker::new(Policy::Corral, 2, 1).pick(0, &[0, 1]).is_none());
+        assert!(
+            Picker::new(Policy::Corral, vec![1; 2], 1)
+                .pick(0, &[0, 1])
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn slot_weighted_policies_follow_the_slots() {
+        let p = Picker::new(Policy::HashBySlots, vec![4, 1], 1);
+        let on_big = (0..2000)
+            .filter(|&c| p.pick(c, &[0, 1]).map(|f| f.node) == Some(0))
+            .count();
+        assert!(
+            (1450..1750).contains(&on_big),
+            "{on_big} of 2000, 4:1 expected"
+        );
+        assert_eq!(
+            p.pick(7, &[0, 1]).map(|f| f.node),
+            p.pick(7, &[0, 1]).map(|f| f.node)
+        );
+        let p = Picker::new(Policy::LeastPerSlot, vec![4, 1], 1);
+        let held: Vec<_> = (0..5).filter_map(|c| p.pick(c, &[0, 1])).collect();
+        let on_big = held.iter().filter(|f| f.node == 0).count();
+        assert_eq!(on_big, 4, "four on the 4-slot node, one on the other");
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral::standin::{ChurnCounts, ServedRequest};
+use corral::standin::{ChurnCounts, ServedRequest, StandinKind};
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
@@ -23,6 +23,11 @@ pub struct Env {
     pub turn_timeout: Duration,
     /// Longest a whole run may take before its remaining turns are abandoned.
     pub run_timeout: Duration,
+    /// Which real server every stand-in follows, and its host prompt cache in tokens.
+    pub node_kind: StandinKind,
+    pub cache_ram_tokens: u32,
+    /// corral's `weights.move_cost`.
+    pub move_cost: f64,
 }
 
 /// One turn as the client saw it.
@@ -61,6 +66,8 @@ pub struct Run {
     pub corral_counts: Option<CorralCounts>,
     pub elapsed: Duration,
     pub timed_out: bool,
+    /// The nodes' `prompt_eval_count` counts cached tokens too (current Ollama).
+    pub counts_cached: bool,
 }
 
 /// Shared by the conversations of one run.
@@ -80,9 +87,12 @@ pub async fn run(
     conversations: &[Arc<Conversation>],
     policy: Policy,
 ) -> Result<Run, String> {
-    let fleet = Fleet::start(&Plan::for_workload(spec), env.scale).await?;
+    let plan = Plan::for_workload(spec);
+    let fleet = Fleet::start(&plan, env.scale, env.node_kind, env.cache_ram_tokens).await?;
     let corral = match (policy.through_corral(), &env.corral_bin) {
-        (true, Some(bin)) => Some(CorralProcess::start(bin, &fleet, env.scale).await?),
+        (true, Some(bin)) => {
+            Some(CorralProcess::start(bin, &fleet, env.scale, env.move_cost).await?)
+        }
         (true, None) => return Err("no corral binary to run".into()),
         (false, _) => None,
     };
@@ -98,7 +108,11 @@ pub async fn run(
     let ctx = Arc::new(RunCtx {
         env_scale: env.scale,
         spec: spec.clone(),
-        picker: Picker::new(policy, fleet.nodes.len(), spec.seed),
+        picker: Picker::new(
+            policy,
+            fleet.configs.iter().map(|c| c.num_parallel).collect(),
+            spec.seed,
+        ),
         corral_url: corral.as_ref().map(|c| c.url.clone()),
         fleet,
         client,
@@ -152,6 +166,7 @@ pub async fn run(
         corral_counts,
         elapsed,
         timed_out,
+        counts_cached: env.node_kind == StandinKind::Ollama,
     })
 }
 
@@ -202,7 +217,18 @@ async fn send_turn(
         error: None,
         affinity: None,
     };
-    let candidates = ctx.fleet.candidates(&c.model);
+    let mut candidates = ctx.fleet.candidates(&c.model);
+    if ctx.picker.policy() == Policy::RandomResident {
+        // Where the model is resident now, as a client reading each node's /api/ps sees.
+        let resident: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|&i| ctx.fleet.nodes[i].resident().contains(&c.model))
+            .collect();
+        if !resident.is_empty() {
+            candidates = resident;
+        }
+    }
     let chosen = ctx.picker.pick(c.id, &candidates);
     let base = match (&chosen, &ctx.corral_url) {
         (Some(f), _) => ctx.fleet.nodes[f.node].url(),

@@ -91,8 +91,13 @@ pub struct PolicyStats {
     pub output_tokens_per_s: f64,
     /// Turns served by each node, in fleet order.
     pub turns_per_node: Vec<usize>,
-    /// corral's `X-Fleet-Affinity` on follow-ups: hit, miss, new.
+    /// corral's `X-Fleet-Affinity` on follow-ups: hit, host, miss, new.
     pub follow_up_affinity: HashMap<String, usize>,
+    /// Follow-ups through corral whose prediction (`hit`/`host` warm, else cold) could be
+    /// checked against the node's log, and those where it matched the node's verdict (warm:
+    /// at least 16 cached tokens and a quarter of the prompt, corral's own threshold).
+    pub predictions_checked: usize,
+    pub predictions_agreed: usize,
     /// Every follow-up TTFT, sorted, for the CDF plot.
     pub ttft_follow_up_samples_ms: Vec<f64>,
 }
@@ -102,7 +107,7 @@ pub fn stats(run: &Run) -> PolicyStats {
     let (by_log, matched, disagreements) = warm_from_logs(run, &ok);
     let mut by_reply = WarmShare::default();
     for r in ok.iter().filter(|r| r.follow_up()) {
-        let evaluated = r.prompt_eval_count.unwrap_or(r.prompt_tokens);
+        let evaluated = evaluated_by_reply(run, r).unwrap_or(r.prompt_tokens);
         by_reply.add(r.prompt_tokens, r.prompt_tokens.saturating_sub(evaluated));
     }
     let ttft = |follow_up: bool| -> Vec<f64> {
@@ -153,14 +158,27 @@ pub fn stats(run: &Run) -> PolicyStats {
         output_tokens_per_s: output as f64 / secs,
         turns_per_node,
         follow_up_affinity,
+        predictions_checked: by_log.checked,
+        predictions_agreed: by_log.agreed,
         ttft_follow_up_samples_ms: follow_up_samples,
     }
+}
+
+/// The evaluated tokens a reply reports, where its `prompt_eval_count` counts only those
+/// (Ollama before 0.30.1); current Ollama's counts cached ones too and tells nothing here.
+fn evaluated_by_reply(run: &Run, r: &TurnRecord) -> Option<u32> {
+    if run.counts_cached {
+        return None;
+    }
+    r.prompt_eval_count
 }
 
 #[derive(Default)]
 struct LogWarmth {
     first: WarmShare,
     follow_up: WarmShare,
+    checked: usize,
+    agreed: usize,
 }
 
 /// Finds each successful turn in its node's log by its prompt size, and takes the cached
@@ -179,8 +197,7 @@ fn warm_from_logs(run: &Run, ok: &[&TurnRecord]) -> (LogWarmth, usize, usize) {
         }
     }
     let by_reply = |r: &TurnRecord| {
-        r.prompt_eval_count
-            .map(|evaluated| r.prompt_tokens.saturating_sub(evaluated))
+        evaluated_by_reply(run, r).map(|evaluated| r.prompt_tokens.saturating_sub(evaluated))
     };
     let mut warmth = LogWarmth::default();
     let (mut matched, mut disagreements) = (0, 0);
@@ -219,6 +236,12 @@ impl LogWarmth {
             &mut self.first
         };
         share.add(r.prompt_tokens, cached);
+        if let Some(affinity) = r.affinity.as_deref().filter(|_| r.follow_up()) {
+            let predicted_warm = matches!(affinity, "hit" | "host");
+            let warm = cached >= 16 && cached * 4 >= r.prompt_tokens;
+            self.checked += 1;
+            self.agreed += usize::from(predicted_warm == warm);
+        }
     }
 }
 

@@ -17,6 +17,9 @@ pub struct Options {
     /// Run every workload once per seed (empty: once, with --seed or its default).
     pub seeds: Vec<u64>,
     pub scale: TimeScale,
+    pub node_kind: corral::standin::StandinKind,
+    pub cache_ram_tokens: u32,
+    pub move_cost: f64,
     pub corral_bin: Option<PathBuf>,
     pub out: PathBuf,
     pub plots: Option<PathBuf>,
@@ -31,6 +34,9 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
             .of_secs(3600.0)
             .max(std::time::Duration::from_secs(30)),
         run_timeout: std::time::Duration::from_secs(600),
+        node_kind: opts.node_kind,
+        cache_ram_tokens: opts.cache_ram_tokens,
+        move_cost: opts.move_cost,
     };
     let mut workloads = Vec::new();
     let seeds: Vec<Option<u64>> = if opts.seeds.is_empty() {
@@ -59,12 +65,15 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
             let run = replay::run(&env, &spec, &conversations, policy).await?;
             let stats = report::stats(&run);
             eprintln!(
-                "corral-bench:   {} turns in {:.1} s, follow-up warm {:.1}%, follow-up TTFT p50 {:.1} ms, {} errors",
+                "corral-bench:   {} turns in {:.1} s, follow-up warm {:.1}%, follow-up TTFT p50 {:.1} ms p90 {:.1} ms, {} errors, predictions agreeing with the nodes' logs {}/{}",
                 stats.turns,
                 stats.elapsed_s,
                 stats.follow_up_warm.share() * 100.0,
                 stats.ttft_follow_up_ms.p50,
-                stats.errors + stats.unsent
+                stats.ttft_follow_up_ms.p90,
+                stats.errors + stats.unsent,
+                stats.predictions_agreed,
+                stats.predictions_checked
             );
             policies.push(stats);
         }

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Routing quality per node kind, corral not told the kind: corral-bench replay over stand-ins
+that follow one real server's rule each, at 1x and 2x as many live conversations as the
+fleet has slots, several seeds; prints median [min-max] per cell.
+
+Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy]
+                              [--move-cost 2] [--policies corral,hash-by-slots,...]
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+
+POLICIES = ["corral", "hash-by-slots", "least-per-slot", "random-resident"]
+SLOTS = 12  # the replay fleet's slots for the chat model (4 + 4 + 2 + 2)
+
+
+def run(bench, kind, live, seed, out, move_cost):
+    cmd = [
+        bench, "replay", "--workload", "long-chat", "--conversations", "24",
+        "--concurrency", str(live), "--turns", "4", "--prompt-tokens", "8000",
+        "--node-kind", kind, "--cache-ram-tokens", "40000",
+        "--policy", ",".join(POLICIES), "--seed", str(seed), "--out", out, "--no-plots",
+        "--move-cost", str(move_cost),
+    ]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(f"{out}/replay.json") as f:
+        report = json.load(f)
+    return report["workloads"][0]["policies"]
+
+
+def cell(values, fmt):
+    values = sorted(values)
+    return f"{fmt.format(statistics.median(values))} [{fmt.format(values[0])}-{fmt.format(values[-1])}]"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", default="target/release/corral-bench")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--kinds", default="ollama,ollama-legacy")
+    ap.add_argument("--move-cost", type=float, default=0.0, help="corral's weights.move_cost")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    args = ap.parse_args()
+    POLICIES[:] = args.policies.split(",")
+    print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | corral's prediction agrees |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for kind in args.kinds.split(","):
+        for live in (SLOTS, 2 * SLOTS):
+            rows = {p: {"warm": [], "p50": [], "p90": [], "agree": [0, 0]} for p in POLICIES}
+            for seed in range(1, args.seeds + 1):
+                with tempfile.TemporaryDirectory() as out:
+                    for p in run(args.bench, kind, live, seed, out, args.move_cost):
+                        r = rows[p["policy"]]
+                        w = p["follow_up_warm"]
+                        r["warm"].append(100.0 * w["cached_tokens"] / max(1, w["prompt_tokens"]))
+                        r["p50"].append(p["ttft_follow_up_ms"]["p50"])
+                        r["p90"].append(p["ttft_follow_up_ms"]["p90"])
+                        r["agree"][0] += p["predictions_agreed"]
+                        r["agree"][1] += p["predictions_checked"]
+                print(f"{kind} {live} seed {seed} done", file=sys.stderr)
+            for p in POLICIES:
+                r = rows[p]
+                agree = (f"{r['agree'][0]}/{r['agree'][1]} ({100.0 * r['agree'][0] / r['agree'][1]:.0f}%)"
+                         if r["agree"][1] else "")
+                print(f"| {kind} | {live // SLOTS}x | {p} | {cell(r['warm'], '{:.1f}')} | "
+                      f"{cell(r['p50'], '{:.1f}')} | {cell(r['p90'], '{:.1f}')} | {agree} |")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,556 @@
+//! What a node keeps warm beyond its slots, learned from its replies.
+//!
+//! Every reply is a measurement of how many prompt tokens the node served from cache
+//! ([`measure`]). A llama-server based node (Ollama 0.30 and later, llama.cpp) saves a
+//! conversation pushed out of its slot into a host-memory prompt cache and restores it on
+//! a match (llama.cpp `tools/server/server-context.cpp`, `get_available_slot`;
+//! `server-task.cpp`, `server_prompt_cache`), oldest entries dropped first once the cache's
+//! bytes are full. corral mirrors that list ([`HostCache`]) and learns its capacity, in
+//! tokens, from what the replies show: a conversation found warm at some depth in the list
+//! proves the capacity at least that deep, one found cold proves it shallower.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::fleet::Ewma;
+use crate::fleet::kind::Counting;
+use crate::proxy::reply::Reading;
+
+/// How many prompt tokens a reply was served from cache, as measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measured {
+    /// All prompt tokens, cached or evaluated.
+    pub total: u64,
+    /// Tokens served from cache; `None` when the reply cannot tell (Ollama 0.30.1 counting
+    /// before the node's cold prefill rate is known, or a reply without details).
+    pub cached: Option<u64>,
+}
+
+impl Measured {
+    /// Tokens the node evaluated, where known.
+    pub fn evaluated(&self) -> Option<u64> {
+        self.cached.map(|c| self.total.saturating_sub(c))
+    }
+
+    /// The node's verdict: warm when a real part of the prompt came from cache, more than
+    /// a chat template's first tokens.
+    pub fn observed(&self) -> Observed {
+        match self.cached {
+            None => Observed::Unknown,
+            Some(cached) if cached >= MIN_WARM_TOKENS && cached * 4 >= self.total => Observed::Warm,
+            Some(_) => Observed::Cold,
+        }
+    }
+}
+
+/// Fewer cached tokens than this are the template's first tokens, which every prompt shares.
+const MIN_WARM_TOKENS: u64 = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observed {
+    Warm,
+    Cold,
+    Unknown,
+}
+
+impl Observed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Observed::Warm => "warm",
+            Observed::Cold => "cold",
+            Observed::Unknown => "unknown",
+        }
+    }
+}
+
+/// Reads a reply as the node's counting says, or learns the counting from it.
+///
+/// `cold_tps` is the node's learned rate on prompts evaluated whole; `estimated` corral's
+/// own estimate of the prompt's tokens. Returns the measurement and, when the reply proved
+/// how the node counts, that counting.
+pub fn measure(
+    reading: Reading,
+    counting: Counting,
+    cold_tps: Option<f64>,
+    estimated: u64,
+) -> (Measured, Option<Counting>) {
+    match reading {
+        Reading::Exact {
+            evaluated, cached, ..
+        } => (
+            Measured {
+                total: evaluated + cached,
+                cached: Some(cached),
+            },
+            None,
+        ),
+        Reading::Total { total } => (
+            Measured {
+                total,
+                cached: None,
+            },
+            None,
+        ),
+        Reading::OllamaCount { count, duration_ns } => {
+            let seconds = duration_ns.map(|ns| ns as f64 / 1e9);
+            let could_evaluate = match (seconds, cold_tps) {
+                (Some(s), Some(tps)) if tps > 0.0 => Some(s * tps),
+                _ => None,
+            };
+            let learned = match counting {
+                Counting::Unknown => {
+                    // Fewer tokens than half the prompt: only evaluated ones are counted.
+                    // Many more than the time could evaluate: cached ones are counted too.
+                    if estimated >= 4 * MIN_WARM_TOKENS && count * 2 < estimated {
+                        Some(Counting::EvaluatedOnly)
+                    } else if could_evaluate
+                        .is_some_and(|n| count as f64 > 3.0 * n + MIN_WARM_TOKENS as f64)
+                    {
+                        Some(Counting::CachedAndEvaluated)
+                    } else {
+                        None
+                    }
+                }
+                _ => None,
+            };
+            let measured = match learned.unwrap_or(counting) {
+                Counting::EvaluatedOnly => {
+                    let total = count.max(estimated);
+                    Measured {
+                        total,
+                        cached: Some(total - count),
+                    }
+                }
+                Counting::CachedAndEvaluated => Measured {
+                    total: count,
+                    cached: could_evaluate.map(|n| {
+                        // At least one token is always evaluated.
+                        let evaluated = (n.round() as u64).clamp(1.min(count), count);
+                        count - evaluated
+                    }),
+                },
+                // Both countings agree on a reply that evaluated (nearly) all: cold.
+                Counting::Unknown => Measured {
+                    total: count,
+                    cached: could_evaluate.map(|_| 0),
+                },
+            };
+            (measured, learned)
+        }
+    }
+}
+
+/// A node's prefill rate on prompts it evaluated whole, in tokens per second: what turns
+/// Ollama 0.30.1's `prompt_eval_duration` back into evaluated tokens.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ColdRate {
+    rate: Ewma,
+    samples: u32,
+}
+
+impl ColdRate {
+    pub fn get(&self) -> Option<f64> {
+        self.rate.get()
+    }
+
+    /// Records a reply known to have evaluated its whole prompt. A rate far above the
+    /// learned one means part of the prompt was cached after all; it is not taken.
+    pub fn record(&mut self, tokens: u64, seconds: f64) {
+        if tokens == 0 || seconds <= 0.0 || !seconds.is_finite() {
+            return;
+        }
+        let sample = tokens as f64 / seconds;
+        if self.samples >= 3 && self.get().is_some_and(|r| sample > 2.0 * r) {
+            return;
+        }
+        self.rate.record(sample);
+        self.samples = self.samples.saturating_add(1);
+    }
+}
+
+/// One conversation saved from a slot into the node's host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostEntry {
+    pub lineage: u64,
+    /// Boundaries of the conversation it holds.
+    pub depth: usize,
+    /// Its tokens, as corral estimates them.
+    pub tokens: u64,
+    pub saved_at: Instant,
+}
+
+/// The node's host-memory prompt cache as corral believes it: saved conversations oldest
+/// first, and the capacity learned for it.
+#[derive(Clone, Debug, Default)]
+pub struct HostCache {
+    entries: VecDeque<HostEntry>,
+    capacity: Capacity,
+    /// Recent replies to conversations found in the list: how deep each was, and whether
+    /// the node had it warm.
+    seen: VecDeque<(u64, bool)>,
+}
+
+/// The learned capacity of a host cache, in estimated tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Capacity {
+    /// No reply has shown a limit yet: every saved conversation counts as warm.
+    #[default]
+    Unbounded,
+    Tokens(u64),
+}
+
+impl Capacity {
+    fn holds(self, needed: u64) -> bool {
+        match self {
+            Capacity::Unbounded => true,
+            Capacity::Tokens(t) => needed <= t,
+        }
+    }
+}
+
+/// Where a conversation stands in a host cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostPlace {
+    pub depth: usize,
+    /// Tokens of it and of every conversation saved after it: what the cache must hold
+    /// for it to be still there.
+    pub needed: u64,
+    /// Whether the learned capacity holds that much.
+    pub warm: bool,
+}
+
+impl HostCache {
+    /// Saved conversations remembered, warm or not, so that a later reply can show how
+    /// deep the real cache goes.
+    const MAX_ENTRIES: usize = 1024;
+    /// Replies the capacity is learned from: the most recent ones, so that it follows a
+    /// node whose cache changes (other models loaded, a restart).
+    const SEEN: usize = 64;
+
+    /// A cache known to hold nothing (the old Ollama runner).
+    pub fn none() -> HostCache {
+        HostCache {
+            entries: VecDeque::new(),
+            capacity: Capacity::Tokens(0),
+            seen: VecDeque::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    pub fn set_capacity(&mut self, capacity: Capacity) {
+        self.capacity = capacity;
+    }
+
+    /// A slot's conversation saved as the slot is given to another.
+    pub fn save(&mut self, entry: HostEntry) {
+        if entry.lineage == 0 {
+            return;
+        }
+        self.entries.retain(|e| e.lineage != entry.lineage);
+        self.entries.push_back(entry);
+        while self.entries.len() > Self::MAX_ENTRIES {
+            self.entries.pop_front();
+        }
+    }
+
+    /// A conversation restored into a slot leaves the cache.
+    pub fn take(&mut self, lineage: u64) -> Option<HostEntry> {
+        let i = self.entries.iter().position(|e| e.lineage == lineage)?;
+        self.entries.remove(i)
+    }
+
+    pub fn place(&self, lineage: u64) -> Option<HostPlace> {
+        let mut needed = 0;
+        for e in self.entries.iter().rev() {
+            needed += e.tokens;
+            if e.lineage == lineage {
+                return Some(HostPlace {
+                    depth: e.depth,
+                    needed,
+                    warm: self.capacity.holds(needed),
+                });
+            }
+        }
+        None
+    }
+
+    /// Whether saving `tokens` more would push no conversation counted warm out. Before
+    /// any reply has shown a limit, the cache is taken to hold as many conversations as
+    /// the node has `slots`, so that new conversations spread by slots meanwhile.
+    pub fn has_room(&self, tokens: u64, slots: usize) -> bool {
+        let Capacity::Tokens(capacity) = self.capacity else {
+            return self.entries.len() < slots;
+        };
+        let mut warm = 0;
+        for e in self.entries.iter().rev() {
+            if warm + e.tokens > capacity {
+                break;
+            }
+            warm += e.tokens;
+        }
+        warm + tokens <= capacity
+    }
+
+    /// Corrects the capacity with what a reply showed of a conversation that needed
+    /// `needed` tokens of cache. The capacity is the one that explains the recent replies
+    /// best (fewest found warm beyond it or cold within it), the largest of equals: one
+    /// odd reply (a prompt counted differently, a slot chosen otherwise) moves it only as
+    /// far as the evidence as a whole allows.
+    pub fn learn(&mut self, needed: u64, observed: Observed) {
+        let warm = match observed {
+            Observed::Warm => true,
+            Observed::Cold => false,
+            Observed::Unknown => return,
+        };
+        self.seen.push_back((needed, warm));
+        while self.seen.len() > Self::SEEN {
+            self.seen.pop_front();
+        }
+        self.capacity = best_capacity(&self.seen);
+    }
+
+    /// Forgets every saved conversation (the model unloaded); the capacity stays learned.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// The capacity that misjudges the fewest of these replies (warm beyond it, or cold within
+/// it); the largest of equals, unbounded when no cold reply calls for a limit.
+fn best_capacity(seen: &VecDeque<(u64, bool)>) -> Capacity {
+    let errors = |capacity: Capacity| {
+        seen.iter()
+            .filter(|&&(needed, warm)| capacity.holds(needed) != warm)
+            .count()
+    };
+    let mut best = (errors(Capacity::Unbounded), Capacity::Unbounded);
+    let mut candidates: Vec<u64> = seen
+        .iter()
+        .map(|&(needed, warm)| {
+            if warm {
+                needed
+            } else {
+                needed.saturating_sub(1)
+            }
+        })
+        .collect();
+    candidates.sort_unstable_by(|a, b| b.cmp(a));
+    for tokens in candidates {
+        let capacity = Capacity::Tokens(tokens);
+        let e = errors(capacity);
+        if e < best.0 {
+            best = (e, capacity);
+        }
+    }
+    best.1
+}
+
+/// What corral learns per node and model, beyond the slots.
+#[derive(Clone, Debug, Default)]
+pub struct WarmState {
+    pub cold_rate: ColdRate,
+    pub host: HostCache,
+    /// Seconds a request takes here, from sending it to its reply's end.
+    pub service_s: Ewma,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::kind::ReplyShape;
+
+    fn ollama(count: u64, seconds: f64) -> Reading {
+        Reading::OllamaCount {
+            count,
+            duration_ns: Some((seconds * 1e9) as u64),
+        }
+    }
+
+    #[test]
+    fn llama_cpp_and_openai_say_what_was_cached() {
+        let (m, learned) = measure(
+            Reading::Exact {
+                evaluated: 10,
+                cached: 90,
+                shape: ReplyShape::LlamaCppTimings,
+            },
+            Counting::Unknown,
+            None,
+            5,
+        );
+        assert_eq!(
+            m,
+            Measured {
+                total: 100,
+                cached: Some(90)
+            }
+        );
+        assert_eq!(m.evaluated(), Some(10));
+        assert_eq!(m.observed(), Observed::Warm);
+        assert_eq!(learned, None);
+        let (m, _) = measure(Reading::Total { total: 40 }, Counting::Unknown, None, 40);
+        assert_eq!(m.observed(), Observed::Unknown);
+    }
+
+    #[test]
+    fn ollama_0_30_1_counts_cached_tokens_infer_them_from_the_duration() {
+        // 1000 prompt tokens in 0.1 s on a node that evaluates 1000 per second: 100
+        // evaluated, 900 cached.
+        let (m, _) = measure(
+            ollama(1000, 0.1),
+            Counting::CachedAndEvaluated,
+            Some(1000.0),
+            1000,
+        );
+        assert_eq!(m.total, 1000);
+        assert_eq!(m.cached, Some(900));
+        assert_eq!(m.observed(), Observed::Warm);
+        // The whole prompt evaluated: cold.
+        let (m, _) = measure(
+            ollama(1000, 1.05),
+            Counting::CachedAndEvaluated,
+            Some(1000.0),
+            1000,
+        );
+        assert_eq!(m.cached, Some(0));
+        assert_eq!(m.observed(), Observed::Cold);
+        // Without a learned rate nothing can be said.
+        let (m, _) = measure(ollama(1000, 0.1), Counting::CachedAndEvaluated, None, 1000);
+        assert_eq!(m.observed(), Observed::Unknown);
+    }
+
+    #[test]
+    fn older_ollama_counts_only_evaluated_tokens() {
+        let (m, _) = measure(ollama(16, 0.02), Counting::EvaluatedOnly, None, 769);
+        assert_eq!(m.total, 769);
+        assert_eq!(m.cached, Some(753));
+        assert_eq!(m.observed(), Observed::Warm);
+        let (m, _) = measure(ollama(769, 0.9), Counting::EvaluatedOnly, None, 700);
+        assert_eq!(m.cached, Some(0));
+        assert_eq!(m.observed(), Observed::Cold);
+    }
+
+    #[test]
+    fn an_unknown_counting_is_learned_from_the_first_warm_reply() {
+        // Few tokens counted for a long prompt: evaluated only.
+        let (m, learned) = measure(ollama(16, 0.02), Counting::Unknown, Some(800.0), 769);
+        assert_eq!(learned, Some(Counting::EvaluatedOnly));
+        assert_eq!(m.observed(), Observed::Warm);
+        // All tokens counted in a tenth of the time they take: cached ones are counted.
+        let (m, learned) = measure(ollama(769, 0.1), Counting::Unknown, Some(800.0), 769);
+        assert_eq!(learned, Some(Counting::CachedAndEvaluated));
+        assert_eq!(m.cached, Some(689));
+        // A cold reply proves nothing, and both countings call it cold.
+        let (m, learned) = measure(ollama(769, 0.95), Counting::Unknown, Some(800.0), 769);
+        assert_eq!(learned, None);
+        assert_eq!(m.observed(), Observed::Cold);
+    }
+
+    #[test]
+    fn cold_rate_ignores_replies_that_were_partly_cached() {
+        let mut r = ColdRate::default();
+        for _ in 0..3 {
+            r.record(1000, 1.0);
+        }
+        r.record(1000, 0.1);
+        assert_eq!(r.get(), Some(1000.0));
+        r.record(900, 1.0);
+        assert!((r.get().unwrap() - 980.0).abs() < 1e-9);
+        r.record(0, 1.0);
+        r.record(10, 0.0);
+        assert!((r.get().unwrap() - 980.0).abs() < 1e-9);
+    }
+
+    fn entry(lineage: u64, tokens: u64) -> HostEntry {
+        HostEntry {
+            lineage,
+            depth: 3,
+            tokens,
+            saved_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn host_cache_places_conversations_by_what_was_saved_after_them() {
+        let mut h = HostCache::default();
+        h.save(entry(1, 100));
+        h.save(entry(2, 200));
+        h.save(entry(3, 300));
+        assert_eq!(h.place(3).map(|p| p.needed), Some(300));
+        assert_eq!(h.place(1).map(|p| p.needed), Some(600));
+        assert!(
+            h.place(1).unwrap().warm,
+            "unbounded until a reply shows a limit"
+        );
+        // Saving again moves it to the newest end.
+        h.save(entry(1, 120));
+        assert_eq!(h.place(1).map(|p| p.needed), Some(120));
+        assert_eq!(h.place(2).map(|p| p.needed), Some(620));
+        assert_eq!(h.take(2).map(|e| e.tokens), Some(200));
+        assert_eq!(h.place(2), None);
+        assert_eq!(h.len(), 2);
+    }
+
+    #[test]
+    fn capacity_is_learned_from_unexpected_hits_and_misses() {
+        let mut h = HostCache::default();
+        for l in 1..=5 {
+            h.save(entry(l, 100));
+        }
+        // Conversation 2 needed 400 tokens and came back cold: the cache holds fewer.
+        h.learn(h.place(2).unwrap().needed, Observed::Cold);
+        assert_eq!(h.capacity(), Capacity::Tokens(399));
+        assert!(!h.place(2).unwrap().warm);
+        assert!(h.place(3).unwrap().warm, "300 tokens deep still fits");
+        // Conversation 1, 500 deep, was warm after all, against one cold reply at 400:
+        // each capacity misjudges one reply, and the largest (none) wins.
+        h.learn(h.place(1).unwrap().needed, Observed::Warm);
+        assert_eq!(h.capacity(), Capacity::Unbounded);
+        assert!(h.place(2).unwrap().warm);
+        // An unknown verdict teaches nothing.
+        h.learn(50, Observed::Unknown);
+        assert_eq!(h.capacity(), Capacity::Unbounded);
+        // More cold replies at 400 and 450 outweigh the one warm reply at 500.
+        h.learn(400, Observed::Cold);
+        h.learn(450, Observed::Cold);
+        assert_eq!(h.capacity(), Capacity::Tokens(399));
+        // Warm replies within, cold beyond: the boundary between them.
+        let mut h = HostCache::default();
+        for (needed, warm) in [(100, true), (300, true), (700, false), (900, false)] {
+            h.learn(needed, if warm { Observed::Warm } else { Observed::Cold });
+        }
+        assert_eq!(
+            h.capacity(),
+            Capacity::Tokens(699),
+            "the largest that fits them all"
+        );
+        // Room: three saved conversations of 100 tokens in a cache of 399: 99 more fit.
+        let mut room = HostCache::default();
+        for l in 1..=3 {
+            room.save(entry(l, 100));
+        }
+        assert!(
+            room.has_room(10_000, 4),
+            "no limit shown: as many as the slots"
+        );
+        assert!(!room.has_room(10, 3));
+        room.learn(400, Observed::Cold);
+        assert_eq!(room.capacity(), Capacity::Tokens(399));
+        assert!(room.has_room(99, 4) && !room.has_room(100, 4));
+        // The old runner keeps nothing: no saved conversation is warm.
+        let mut none = HostCache::none();
+        none.save(entry(9, 10));
+        assert!(!none.place(9).unwrap().warm);
+    }
+}
