@@ -584,3 +584,31 @@ async fn ndjson_stream_is_read_chunk_by_chunk_by_a_slow_reader_without_loss() {
     assert_eq!(lines.len(), 301);
     assert_eq!(lines[300]["done"], true);
 }
+
+#[tokio::test]
+async fn an_oversized_body_gets_its_413_not_a_broken_pipe() {
+    // corral refuses a body over the limit as soon as it sees its Content-Length. A client
+    // still writing the rest used to fail with a broken pipe or a reset, never seeing the 413,
+    // when corral closed the connection under it.
+    let node = start(fast_node("n")).await;
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 2)],
+        "limits:\n  max_body_bytes: 1048576\n",
+    )
+    .await;
+    let body = big_body_model_last(8 * 1024 * 1024);
+    for attempt in 0..20 {
+        let resp = client()
+            .post(format!("{}/api/chat", router.url()))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("attempt {attempt}: no answer: {e:?}"));
+        assert_eq!(resp.status(), 413, "attempt {attempt}");
+        let answer: serde_json::Value = resp.json().await.unwrap();
+        assert!(
+            answer["error"].as_str().unwrap().contains("larger than the limit"),
+            "{answer}"
+        );
+    }
+}

@@ -71,3 +71,19 @@ pub async fn read(
         .map_err(|_| BodyError::Timeout)??;
     Ok(body.freeze())
 }
+
+/// Reads and drops what is left of a refused body, for at most `within` and `max` bytes, so
+/// that a client still sending it reads corral's answer rather than a reset connection (it
+/// would otherwise fail writing into a socket corral closed: a broken pipe, no status).
+pub async fn drain(session: &mut Session, within: Duration, max: usize) {
+    let draining = async {
+        let mut dropped = 0usize;
+        while dropped < max {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => dropped += chunk.len(),
+                Ok(None) | Err(_) => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, draining).await;
+}

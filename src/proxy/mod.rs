@@ -207,11 +207,7 @@ impl Corral {
         .await
         {
             Ok(body) => body,
-            Err(e) => {
-                session.set_keepalive(None);
-                ctx.status = e.status();
-                return respond::error(session, e.status(), &e.to_string(), &[]).await;
-            }
+            Err(e) => return refuse_body(session, ctx, e).await,
         };
         self.forwarder
             .forward_to(&self.router, session, ctx, &body, node)
@@ -270,12 +266,7 @@ impl Corral {
         let limit = config.limits.max_body_bytes;
         let body = match body::read(session, limit, config.timeouts.body_read).await {
             Ok(body) => body,
-            Err(e) => {
-                // What is left of the body is not read: the connection cannot be reused.
-                session.set_keepalive(None);
-                ctx.status = e.status();
-                return respond::error(session, e.status(), &e.to_string(), &[]).await;
-            }
+            Err(e) => return refuse_body(session, ctx, e).await,
         };
         let parsed = if endpoint == Endpoint::Transcriptions {
             transcription_profile(session, &body)
@@ -317,6 +308,27 @@ impl Corral {
             .await
     }
 }
+
+/// Answers a body corral will not read (too large, too slow, unreadable). The connection is
+/// not reused: what is left of the body was not read. A body refused for its size is drained
+/// for a moment after the answer, so that a client still sending it gets to read the 413.
+async fn refuse_body(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    e: body::BodyError,
+) -> Result<()> {
+    session.set_keepalive(None);
+    ctx.status = e.status();
+    let answered = respond::error(session, e.status(), &e.to_string(), &[]).await;
+    if matches!(e, body::BodyError::TooLarge { .. }) {
+        body::drain(session, BODY_DRAIN_TIME, BODY_DRAIN_BYTES).await;
+    }
+    answered
+}
+
+/// How long, and how many bytes, a refused body is drained for.
+const BODY_DRAIN_TIME: Duration = Duration::from_secs(1);
+const BODY_DRAIN_BYTES: usize = 64 * 1024 * 1024;
 
 /// A transcription's profile: its model is the multipart form's `model` field.
 fn transcription_profile(session: &Session, body: &[u8]) -> std::result::Result<Profile, String> {
