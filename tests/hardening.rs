@@ -607,7 +607,10 @@ async fn an_oversized_body_gets_its_413_not_a_broken_pipe() {
         assert_eq!(resp.status(), 413, "attempt {attempt}");
         let answer: serde_json::Value = resp.json().await.unwrap();
         assert!(
-            answer["error"].as_str().unwrap().contains("larger than the limit"),
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .contains("larger than the limit"),
             "{answer}"
         );
     }

@@ -132,16 +132,16 @@ struct Plan<'a> {
 
 /// Answers a batch from the nodes of `spread`.
 pub async fn serve(
-    forwarder: &Forwarder,
-    router: &Arc<Router>,
+    corral: &super::Corral,
     session: &mut Session,
     ctx: &mut RequestCtx,
     profile: &Profile,
     batch: Batch,
     spread: Spread,
+    config: &Config,
 ) -> Result<()> {
     let Spread { nodes, best_score } = spread;
-    let config = router.config();
+    let (forwarder, router) = (&corral.forwarder, &corral.router);
     let started = Instant::now();
     let ranges = batch.chunks();
     let shared = Shared {
@@ -157,7 +157,7 @@ pub async fn serve(
     let plan = Plan {
         forwarder,
         router,
-        config: &config,
+        config,
         profile,
         batch: &batch,
         ranges,

@@ -81,15 +81,22 @@ impl Forwarder {
     }
 
     /// Books an attempt that failed before any reply, and keeps it as the last error.
-    fn failed(&self, router: &Router, mut dispatch: Dispatch, error: AttemptError) -> AttemptError {
+    fn failed(
+        &self,
+        router: &Router,
+        config: &Config,
+        mut dispatch: Dispatch,
+        error: AttemptError,
+    ) -> AttemptError {
         router.abandon(&mut dispatch);
         let node = dispatch.node.clone();
         log::warn!("{}: {}", node.name(), error.error);
         // Refused, or closed before a reply on a fresh connection: the node is down or
         // restarting. Cut it off now, before this request's slot is handed to a waiter.
         if matches!(error.kind(), "connect" | "reset") {
-            let rules = Rules::of(&router.config());
-            router.fleet.learn(&node, Evidence::Refused, &rules);
+            router
+                .fleet
+                .learn(&node, Evidence::Refused, &Rules::of(config));
         }
         dispatch.finish(Outcome::default());
         let name = node.name();
@@ -115,8 +122,8 @@ impl Forwarder {
         ctx: &mut RequestCtx,
         body: &Bytes,
         profile: &Profile,
+        config: &Config,
     ) -> Result<()> {
-        let config = router.config();
         let deadline = Instant::now() + config.queue.max_wait;
         // Nodes tried since the request last waited, and how each failed.
         let mut failures: Vec<Failure> = Vec::new();
@@ -134,7 +141,7 @@ impl Forwarder {
             // Decide and count the request on its node (reserving any load it starts) as
             // one step, so that requests arriving together see each other's loads.
             let placing = router.placement();
-            let decided = router.decide(profile);
+            let decided = router.decide_with(profile, config);
             let picked = decided.as_ref().map(|decision| {
                 let choice = if exhausted {
                     Pick::Exhausted
@@ -147,7 +154,7 @@ impl Forwarder {
             let (decision, picked) = match picked {
                 Ok(picked) => picked,
                 Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
-                Err(e) => return refuse(session, ctx, e.clone(), &config).await,
+                Err(e) => return refuse(session, ctx, e.clone(), config).await,
             };
             let (candidate, dispatch) = match picked {
                 Pick::Send(candidate, dispatch) => (candidate, dispatch),
@@ -160,7 +167,7 @@ impl Forwarder {
                     waiting = best.and_then(|n| router.wait_ticket(n, &profile.model_key, max));
                     if waiting.is_none() {
                         let message = "too many requests are waiting for a node";
-                        return busy(session, ctx, message, &config).await;
+                        return busy(session, ctx, message, config).await;
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
                     match race(session, left, news).await {
@@ -171,7 +178,7 @@ impl Forwarder {
                         Wait::TimedOut => {
                             let message =
                                 "every node refused the connection, and none came back in time";
-                            return busy(session, ctx, message, &config).await;
+                            return busy(session, ctx, message, config).await;
                         }
                         Wait::ClientGone => {
                             ctx.client_gone = true;
@@ -185,14 +192,14 @@ impl Forwarder {
                     waiting = router.wait_ticket(&best.node, &profile.model_key, max);
                     if waiting.is_none() {
                         let message = "too many requests are waiting for a node";
-                        return busy(session, ctx, message, &config).await;
+                        return busy(session, ctx, message, config).await;
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
                     match race(session, left, news).await {
                         Wait::Done(()) => continue,
                         Wait::TimedOut => {
                             let message = "no node had a free slot in time";
-                            return busy(session, ctx, message, &config).await;
+                            return busy(session, ctx, message, config).await;
                         }
                         Wait::ClientGone => {
                             ctx.client_gone = true;
@@ -203,15 +210,13 @@ impl Forwarder {
             };
             let attempt = Attempt {
                 router,
+                config,
                 candidate,
                 decision,
                 profile,
                 retries,
             };
-            match self
-                .attempt(session, ctx, body, attempt, dispatch, &config.timeouts)
-                .await
-            {
+            match self.attempt(session, ctx, body, attempt, dispatch).await {
                 Ok(result) => return result,
                 Err(error) => {
                     retries += 1;
@@ -233,8 +238,8 @@ impl Forwarder {
         ctx: &mut RequestCtx,
         body: &Bytes,
         node: Arc<Node>,
+        config: &Config,
     ) -> Result<()> {
-        let config = router.config();
         let profile = Profile::management();
         let decision = Decision::direct(node);
         let candidate = &decision.ranked[0];
@@ -243,21 +248,19 @@ impl Forwarder {
                 session,
                 ctx,
                 "the node is busy with other management calls",
-                &config,
+                config,
             )
             .await;
         };
         let attempt = Attempt {
             router,
+            config,
             candidate,
             decision: &decision,
             profile: &profile,
             retries: 0,
         };
-        match self
-            .attempt(session, ctx, body, attempt, dispatch, &config.timeouts)
-            .await
-        {
+        match self.attempt(session, ctx, body, attempt, dispatch).await {
             Ok(result) => result,
             Err(error) => {
                 let failure = Failure {
@@ -279,8 +282,8 @@ impl Forwarder {
         body: &Bytes,
         attempt: Attempt<'_>,
         mut dispatch: Dispatch,
-        timeouts: &Timeouts,
     ) -> std::result::Result<Result<()>, AttemptError> {
+        let timeouts = &attempt.config.timeouts;
         let node = &attempt.candidate.node;
         ctx.retries = attempt.retries;
         let Some(peer) = peer(node, timeouts) else {
@@ -288,11 +291,11 @@ impl Forwarder {
                 error: Error::explain(ErrorType::ConnectError, "its host name does not resolve"),
                 timed_out: false,
             };
-            return Err(self.failed(attempt.router, dispatch, error));
+            return Err(self.failed(attempt.router, attempt.config, dispatch, error));
         };
         // A client key is corral's credential, not the node's (`Authorization`, or
         // Anthropic's `x-api-key`).
-        let strip_auth = !attempt.router.config().api_keys.is_empty();
+        let strip_auth = !attempt.config.api_keys.is_empty();
         let request = match upstream_request(session.req_header(), node, body.len(), strip_auth) {
             Ok(request) => request,
             Err(e) => return Ok(Err(e)),
@@ -314,7 +317,7 @@ impl Forwarder {
                     started,
                     retries: attempt.retries,
                     idle: timeouts.idle,
-                    rules: Rules::of(&attempt.router.config()),
+                    rules: Rules::of(attempt.config),
                 };
                 let result = self
                     .relay(session, ctx, upstream, &peer, dispatch, reply)
@@ -339,7 +342,7 @@ impl Forwarder {
                 return Ok(Ok(()));
             }
         };
-        Err(self.failed(attempt.router, dispatch, error))
+        Err(self.failed(attempt.router, attempt.config, dispatch, error))
     }
 
     /// Counts the routing decision once a node has answered.
@@ -700,6 +703,8 @@ struct Failure {
 /// What one try on one node needs to know.
 struct Attempt<'a> {
     router: &'a Arc<Router>,
+    /// The configuration the request was decided under, for all of its attempts.
+    config: &'a Config,
     candidate: &'a Candidate,
     decision: &'a Decision,
     profile: &'a Profile,

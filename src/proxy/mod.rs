@@ -107,7 +107,9 @@ impl Corral {
         ctx.client = access::client_name(&config, session.req_header());
         let fleet = &self.router.fleet;
         let (status, result) = match route {
-            Route::Model(endpoint) => return self.route_model(session, ctx, endpoint).await,
+            Route::Model(endpoint) => {
+                return self.route_model(session, ctx, endpoint, &config).await;
+            }
             Route::Root => (
                 200,
                 respond::send(
@@ -210,7 +212,7 @@ impl Corral {
             Err(e) => return refuse_body(session, ctx, e).await,
         };
         self.forwarder
-            .forward_to(&self.router, session, ctx, &body, node)
+            .forward_to(&self.router, session, ctx, &body, node, config)
             .await
     }
 
@@ -248,10 +250,10 @@ impl Corral {
         session: &mut Session,
         ctx: &mut RequestCtx,
         endpoint: Endpoint,
+        config: &Config,
     ) -> Result<()> {
-        let config = self.router.config();
         // Before the body is read: a client at its limit costs no more than this answer.
-        let _client_slot = match self.client_slot(session, &config) {
+        let _client_slot = match self.client_slot(session, config) {
             Ok(slot) => slot,
             Err(limit) => {
                 // The body is left unread: the connection cannot be reused.
@@ -288,23 +290,14 @@ impl Corral {
         ctx.model = Some(profile.model_key.clone());
         if matches!(endpoint, Endpoint::Embed | Endpoint::OpenAiEmbeddings)
             && let Some(batch) = fanout::Batch::split(&body, config.embed_fanout.chunk_size)
-            && let Ok(decision) = self.router.decide(&profile)
+            && let Ok(decision) = self.router.decide_with(&profile, config)
             && let Some(spread) = fanout::spread(&decision, config.embed_fanout.max_nodes)
         {
             drop(decision);
-            return fanout::serve(
-                &self.forwarder,
-                &self.router,
-                session,
-                ctx,
-                &profile,
-                batch,
-                spread,
-            )
-            .await;
+            return fanout::serve(self, session, ctx, &profile, batch, spread, config).await;
         }
         self.forwarder
-            .forward(&self.router, session, ctx, &body, &profile)
+            .forward(&self.router, session, ctx, &body, &profile, config)
             .await
     }
 }

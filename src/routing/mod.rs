@@ -256,9 +256,15 @@ impl Router {
         self.affinity.ttl()
     }
 
-    /// Scores every healthy node that has the model and ranks them.
+    /// Scores every healthy node that has the model and ranks them, under the
+    /// configuration in force.
     pub fn decide(&self, p: &Profile) -> Result<Decision, RouteError> {
-        let config = self.config();
+        self.decide_with(p, &self.config())
+    }
+
+    /// [`Router::decide`] under `config`: the snapshot a request took when it arrived, so that
+    /// it is scored, forwarded and timed under one configuration even across a reload.
+    pub fn decide_with(&self, p: &Profile, config: &Config) -> Result<Decision, RouteError> {
         let now = Instant::now();
         let nodes = self.fleet.nodes();
         if nodes.is_empty() {
