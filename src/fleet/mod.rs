@@ -249,20 +249,7 @@ mod tests {
         let fleet = Fleet::new(&config).unwrap();
         let a = fleet.nodes()[0].clone();
         let (m, other) = (fleet.wakeups.listen("m"), fleet.wakeups.listen("other"));
-        let loaded = |names: &[&str]| Inventory {
-            resident: names
-                .iter()
-                .map(|n| {
-                    let r = Resident {
-                        size: 1,
-                        context_length: None,
-                        expires_at: None,
-                    };
-                    (n.to_string(), r)
-                })
-                .collect(),
-            ..Default::default()
-        };
+        let loaded = Inventory::with_resident;
         for inventory in [loaded(&["m"]), loaded(&[])] {
             let (for_m, for_other) = (m.news(&fleet.wakeups), other.news(&fleet.wakeups));
             tokio::pin!(for_m, for_other);

@@ -35,6 +35,25 @@ pub struct Inventory {
     pub version: Option<String>,
 }
 
+#[cfg(test)]
+impl Inventory {
+    /// An inventory with these models resident (1 byte each) and nothing else known.
+    pub(crate) fn with_resident(names: &[&str]) -> Inventory {
+        let resident = |name: &&str| {
+            let r = Resident {
+                size: 1,
+                context_length: None,
+                expires_at: None,
+            };
+            (name.to_string(), r)
+        };
+        Inventory {
+            resident: names.iter().map(resident).collect(),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resident {
     /// Bytes the loaded model takes (weights, KV cache, graph).
@@ -454,20 +473,7 @@ mod tests {
     #[test]
     fn an_inventory_names_the_models_loaded_and_unloaded_since_the_last() {
         let node = Node::new(0, NodeConfig::new("a", "http://127.0.0.1:9")).unwrap();
-        let resident = |names: &[&str]| Inventory {
-            resident: names
-                .iter()
-                .map(|n| {
-                    let r = Resident {
-                        size: 1,
-                        context_length: None,
-                        expires_at: None,
-                    };
-                    (n.to_string(), r)
-                })
-                .collect(),
-            ..Default::default()
-        };
+        let resident = Inventory::with_resident;
         assert_eq!(node.update_inventory(resident(&["a", "b"])).len(), 2);
         assert!(node.update_inventory(resident(&["a", "b"])).is_empty());
         let mut changed = node.update_inventory(resident(&["b", "c"]));
