@@ -1,8 +1,10 @@
 //! Choosing a node for a request: find where its conversation is warm, score every candidate
-//! on the eight signals, rank them; then keep the books (in-flight counts, slots, affinity)
-//! while the request runs.
+//! on the eight signals, rank them. Keeping the books while the request runs (in-flight
+//! counts, waits, load reservations, slots, affinity, what the reply showed) is in
+//! [`book`].
 
 mod affinity;
+mod book;
 pub mod placement;
 pub mod score;
 pub mod signals;
@@ -17,15 +19,15 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 
 pub use affinity::{AffinityTable, Entry};
+pub use book::{Dispatch, Observation, Outcome, WaitTicket};
 pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
 use crate::config::{Config, NodeConfig};
-use crate::fleet::kind::{Counting, NodeKind};
-use crate::fleet::{Evidence, Fleet, Inventory, Listener, ModelState, Node, Rules, Slot};
-use crate::proxy::reply::{Reading, ReplyStats};
+use crate::fleet::kind::NodeKind;
+use crate::fleet::{Fleet, Inventory, Listener, ModelState, Node, Slot};
 use crate::request::Profile;
-use warm::{HostEntry, HostPlace, Measured, Observed, measure};
+use warm::HostPlace;
 
 pub struct Router {
     pub fleet: Arc<Fleet>,
@@ -213,31 +215,6 @@ impl Router {
         self.config.store(Arc::new(config));
         // Limits may have grown: let waiting requests look again.
         self.fleet.wakeups.fleet_changed();
-    }
-
-    /// Counts a request as waiting for a slot on `node`, its best choice, unless `max`
-    /// requests already wait. Waiting requests add to the node's queue depth, so that
-    /// others weigh the wait before joining it.
-    pub fn wait_ticket(
-        self: &Arc<Self>,
-        node: &Arc<Node>,
-        model: &str,
-        max: usize,
-    ) -> Option<WaitTicket> {
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= max {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        node.models
-            .lock()
-            .entry(model.to_string())
-            .or_default()
-            .waiting += 1;
-        Some(WaitTicket {
-            router: self.clone(),
-            node: node.clone(),
-            model: model.to_string(),
-        })
     }
 
     /// Requests waiting for a slot now, fleet-wide.
@@ -452,176 +429,14 @@ impl Router {
         }
         (None, went_cold, probe)
     }
+}
 
-    /// Counts the request against the node while it runs, if the node runs fewer than
-    /// `num_parallel` requests for the model (else the request should wait, or go
-    /// elsewhere). The returned guard gives the count back when dropped, on every path.
-    pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Dispatch> {
-        self.dispatch(node, p, false)
-    }
-
-    /// [`Router::try_dispatch`] to a ranked candidate. Where the model is not resident, the
-    /// request loads it: the model's memory is reserved there until the request ends, and
-    /// it counts as loading for the next decisions (call under [`Router::placement`]).
-    pub fn try_send(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
-        self.dispatch(&candidate.node, p, !candidate.resident)
-    }
-
-    fn dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile, loads: bool) -> Option<Dispatch> {
-        let parallel = node.parallel() as u32;
-        let reserved = {
-            let mut models = node.models.lock();
-            let state = models.entry(p.model_key.clone()).or_default();
-            if state.in_flight >= parallel {
-                return None;
-            }
-            state.in_flight += 1;
-            let reserve = loads && state.loading.is_none();
-            if reserve {
-                state.loading = Some(Instant::now());
-            }
-            reserve
-        };
-        Some(Dispatch {
-            router: self.clone(),
-            node: node.clone(),
-            model: p.model_key.clone(),
-            slot: None,
-            lineage: 0,
-            remembered: Vec::new(),
-            reserved,
-            prediction: None,
-            prefill_tps: None,
-            started: Instant::now(),
-        })
-    }
-
-    /// Records that the request reached the node: it now occupies one of the model's slots
-    /// there, as Ollama assigns them (its own slot if it continues a conversation, else a
-    /// free one, else the least recently used), and its prefix is remembered as warm there.
-    pub fn commit(&self, dispatch: &mut Dispatch, p: &Profile, decision: &Decision) {
-        if !p.endpoint.generates() || dispatch.slot.is_some() {
-            return;
-        }
-        if let Some(key) = p.session {
-            let entry = Entry {
-                node: dispatch.node.id,
-                lineage: 0,
-            };
-            self.sessions.insert(key, entry);
-        }
-        let node = &dispatch.node;
-        let now = Instant::now();
-        let pin = decision.pin.filter(|pin| pin.node == node.id);
-        let settings = node.settings();
-        let parallel = node.parallel();
-        let policy = SlotPolicy::of(node, &settings);
-        let tokens = u64::from(p.prompt_tokens);
-        let (index, lineage) = {
-            let mut models = node.models.lock();
-            let state = models.entry(p.model_key.clone()).or_default();
-            if state.slots.len() != parallel {
-                state.slots.resize(parallel, Slot::default());
-            }
-            let continued = pin
-                .filter(|pin| pin.continues && !pin.in_host)
-                .and_then(|pin| {
-                    let i = state.slots.iter().position(|s| s.lineage == pin.lineage)?;
-                    Some((i, pin.lineage))
-                });
-            let (index, lineage) = continued.unwrap_or_else(|| {
-                // A conversation restored from the host cache leaves it, and goes on in
-                // its own lineage if the request continues it.
-                let restored = pin
-                    .filter(|pin| pin.in_host)
-                    .and_then(|pin| state.warm.host.take(pin.lineage).map(|_| pin));
-                let lineage = match restored {
-                    Some(pin) if pin.continues => pin.lineage,
-                    _ => self.next_lineage.fetch_add(1, Ordering::Relaxed),
-                };
-                // A prompt that shares part of a slot's conversation (its system prompt)
-                // takes that slot under the longest-prefix rule, if it is idle; the
-                // multi-user cache copies the shared part into another slot instead.
-                let forked = pin
-                    .filter(|pin| policy == SlotPolicy::LongestPrefix && !pin.in_host)
-                    .and_then(|pin| {
-                        state
-                            .slots
-                            .iter()
-                            .position(|s| s.lineage == pin.lineage && s.busy == 0)
-                    });
-                let index =
-                    forked.unwrap_or_else(|| choose_slot(&state.slots, policy, now, self.ttl()));
-                // The conversation the slot held is saved to host memory (llama-server's
-                // prompt cache; the old runner's cache, learned empty, keeps nothing).
-                let displaced = &state.slots[index];
-                if displaced.lineage != 0 && displaced.lineage != lineage {
-                    let saved = HostEntry {
-                        lineage: displaced.lineage,
-                        depth: displaced.depth,
-                        tokens: displaced.tokens,
-                        saved_at: now,
-                    };
-                    state.warm.host.save(saved);
-                }
-                (index, lineage)
-            });
-            let slot = &mut state.slots[index];
-            slot.lineage = lineage;
-            slot.depth = p.chain.depth();
-            slot.last_used = Some(now);
-            slot.busy += 1;
-            slot.tokens = tokens;
-            (index, lineage)
-        };
-        dispatch.slot = Some(index);
-        dispatch.lineage = lineage;
-        dispatch.prediction = Some(Prediction {
-            affinity: decision.affinity_for(node.id),
-            probe: decision.probe.filter(|probe| probe.node == node.id),
-            estimated: tokens,
-        });
-        let depth = p.chain.depth();
-        if depth > 0 {
-            let entry = Entry {
-                node: node.id,
-                lineage,
-            };
-            self.affinity.insert(p.chain.last(), entry);
-            dispatch.remembered.push(p.chain.last());
-            // The first boundary too: conversations that share it (a system prompt, a
-            // document) find the node that holds it.
-            if depth > 1 {
-                self.affinity.insert(p.chain.hashes[1], entry);
-                dispatch.remembered.push(p.chain.hashes[1]);
-            }
-        }
-    }
-
-    /// Takes back what [`Router::commit`] recorded for a request that failed before any
-    /// reply: the node's slot is not known to hold anything now, and the prefix is not warm
-    /// there.
-    pub fn abandon(&self, dispatch: &mut Dispatch) {
-        for hash in dispatch.remembered.drain(..) {
-            if self
-                .affinity
-                .get(hash)
-                .is_some_and(|e| e.lineage == dispatch.lineage)
-            {
-                self.affinity.remove(hash);
-            }
-        }
-        let Some(index) = dispatch.slot else { return };
-        let mut models = dispatch.node.models.lock();
-        if let Some(slot) = models
-            .get_mut(&dispatch.model)
-            .and_then(|m| m.slots.get_mut(index))
-            .filter(|s| s.lineage == dispatch.lineage)
-        {
-            slot.lineage = 0;
-            slot.depth = 0;
-        }
-    }
+/// Where a conversation's prefix was found on a node.
+enum Place {
+    /// In a slot, holding this many boundaries.
+    Slot(usize),
+    /// In the host-cache mirror; the flag says whether the node can have a host cache.
+    Host(HostPlace, bool),
 }
 
 /// When the conversation's warm node is outscored, keeps the follow-up there anyway if,
@@ -663,234 +478,6 @@ fn keep_warm_if_sooner(
     };
     if stay::stays(warm_wait, other_wait, cost) {
         ranked[warm].scores.session_affinity += gap + 1.0;
-    }
-}
-
-/// A request waiting in corral for a free slot; counted until dropped.
-pub struct WaitTicket {
-    router: Arc<Router>,
-    node: Arc<Node>,
-    model: String,
-}
-
-impl Drop for WaitTicket {
-    fn drop(&mut self) {
-        let mut models = self.node.models.lock();
-        if let Some(state) = models.get_mut(&self.model) {
-            state.waiting = state.waiting.saturating_sub(1);
-        }
-        forget_if_unused(&mut models, &self.model);
-        drop(models);
-        self.router.waiting.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Drops a model's state on a node once nothing runs or waits there and nothing was learned:
-/// a client can name any model, and a node not polled yet is tried for all of them, so
-/// without this every invented name would stay in memory and in the metrics' labels.
-fn forget_if_unused(models: &mut HashMap<String, ModelState>, model: &str) {
-    let unused = models.get(model).is_some_and(|s| {
-        s.in_flight == 0
-            && s.waiting == 0
-            && s.loading.is_none()
-            && s.last_success.is_none()
-            && s.slots.iter().all(|slot| slot.lineage == 0)
-    });
-    if unused {
-        models.remove(model);
-    }
-}
-
-/// A request counted against a node. Dropping it gives back the in-flight count and the
-/// slot, and wakes requests waiting for one.
-pub struct Dispatch {
-    router: Arc<Router>,
-    pub node: Arc<Node>,
-    model: String,
-    slot: Option<usize>,
-    /// The slot lineage and prefix hashes `commit` recorded, for `abandon`.
-    lineage: u64,
-    remembered: Vec<u64>,
-    /// This request loads the model on the node: it holds the model's reservation there.
-    reserved: bool,
-    /// What corral expected of the node's cache when it sent the request.
-    prediction: Option<Prediction>,
-    prefill_tps: Option<f64>,
-    started: Instant,
-}
-
-impl Dispatch {
-    /// The request was sent where the model was neither resident nor loading: it starts a
-    /// load (`corral_cold_loads_total`).
-    pub fn starts_load(&self) -> bool {
-        self.reserved
-    }
-}
-
-/// What corral expected of a node's cache for one request, to check against the reply.
-#[derive(Clone, Copy, Debug)]
-struct Prediction {
-    affinity: AffinityResult,
-    probe: Option<HostProbe>,
-    /// corral's estimate of the prompt's tokens.
-    estimated: u64,
-}
-
-/// A reply's cache measurement set against corral's prediction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Observation {
-    pub predicted: AffinityResult,
-    pub measured: Measured,
-    pub observed: Observed,
-}
-
-impl Observation {
-    /// Whether the prediction (warm for `hit` and `host`, cold otherwise) matched the node.
-    pub fn agrees(&self) -> Option<bool> {
-        let predicted_warm = matches!(self.predicted, AffinityResult::Hit | AffinityResult::Host);
-        match self.observed {
-            Observed::Warm => Some(predicted_warm),
-            Observed::Cold => Some(!predicted_warm),
-            Observed::Unknown => None,
-        }
-    }
-}
-
-/// Where a conversation's prefix was found on a node.
-enum Place {
-    /// In a slot, holding this many boundaries.
-    Slot(usize),
-    /// In the host-cache mirror; the flag says whether the node can have a host cache.
-    Host(HostPlace, bool),
-}
-
-/// What a finished reply taught about the node.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Outcome {
-    pub ok: bool,
-    pub ttfb: Option<Duration>,
-    pub prefill_tps: Option<f64>,
-    pub decode_tps: Option<f64>,
-}
-
-impl Dispatch {
-    /// Reads the reply's report of cached prompt tokens as the node's kind counts them,
-    /// learns from it (the node's kind and counting, its cold prefill rate, its host
-    /// cache's capacity), and sets it against what corral predicted.
-    pub fn observe(&mut self, stats: &ReplyStats) -> Option<Observation> {
-        let prediction = self.prediction?;
-        let reading = stats.reading()?;
-        let node = &self.node;
-        let counting = {
-            let mut kind = node.kind.lock();
-            kind.learn_reply_shape(stats.shape());
-            kind.counting
-        };
-        let mut models = node.models.lock();
-        let state = models.get_mut(&self.model)?;
-        let (measured, learned) = measure(
-            reading,
-            counting,
-            state.warm.cold_rate.get(),
-            prediction.estimated,
-        );
-        if let Some(learned) = learned {
-            let mut kind = node.kind.lock();
-            if kind.counting == Counting::Unknown {
-                kind.counting = learned;
-            }
-        }
-        let observed = measured.observed();
-        let seconds = stats.prefill_seconds();
-        // The cold rate comes from replies that evaluated their whole prompt: a new
-        // conversation that the node confirms cold, or any reply whose count is of
-        // evaluated tokens only.
-        let whole_prompt = prediction.affinity == AffinityResult::New && observed != Observed::Warm;
-        // Where the count is of evaluated tokens, every reply gives the rate.
-        let counts_evaluated = matches!(reading, Reading::Exact { .. })
-            || learned.unwrap_or(counting) == Counting::EvaluatedOnly;
-        // The tokens the prefill duration covers.
-        let covered = if whole_prompt && !counts_evaluated {
-            Some(measured.total)
-        } else {
-            measured.evaluated()
-        };
-        if let (Some(seconds), Some(evaluated)) = (seconds, covered) {
-            if whole_prompt || counts_evaluated {
-                state.warm.cold_rate.record(evaluated, seconds);
-            }
-            if evaluated > 0 && seconds > 0.0 {
-                self.prefill_tps = Some(evaluated as f64 / seconds);
-            }
-        }
-        if let Some(probe) = prediction.probe {
-            state.warm.host.learn(probe.needed, observed);
-        }
-        Some(Observation {
-            predicted: prediction.affinity,
-            measured,
-            observed,
-        })
-    }
-
-    /// Prefill speed measured by [`Dispatch::observe`]: evaluated tokens per second.
-    pub fn prefill_tps(&self) -> Option<f64> {
-        self.prefill_tps
-    }
-
-    pub fn finish(&mut self, outcome: Outcome) {
-        let rules = Rules::of(&self.router.config.load());
-        let evidence = if outcome.ok {
-            Evidence::Served
-        } else {
-            Evidence::Failed
-        };
-        self.router.fleet.learn(&self.node, evidence, &rules);
-        if !outcome.ok {
-            return;
-        }
-        let mut models = self.node.models.lock();
-        let state = models.entry(self.model.clone()).or_default();
-        state.last_success = Some(Instant::now());
-        state
-            .warm
-            .service_s
-            .record(self.started.elapsed().as_secs_f64());
-        if let Some(ttfb) = outcome.ttfb {
-            state.ttfb_ms.record(ttfb.as_secs_f64() * 1000.0);
-        }
-        if let Some(tps) = outcome.prefill_tps.or(self.prefill_tps) {
-            state.prefill_tps.record(tps);
-        }
-        if let Some(tps) = outcome.decode_tps {
-            state.decode_tps.record(tps);
-        }
-        if outcome.prefill_tps.or(self.prefill_tps).is_some() || outcome.decode_tps.is_some() {
-            state.speed_at = Some(Instant::now());
-        }
-    }
-}
-
-impl Drop for Dispatch {
-    fn drop(&mut self) {
-        {
-            let mut models = self.node.models.lock();
-            if let Some(state) = models.get_mut(&self.model) {
-                state.in_flight = state.in_flight.saturating_sub(1);
-                // Loaded (the reply's success is now the sign of it) or failed: either
-                // way the reservation ends.
-                if self.reserved {
-                    state.loading = None;
-                }
-                if let Some(slot) = self.slot.and_then(|i| state.slots.get_mut(i)) {
-                    slot.busy = slot.busy.saturating_sub(1);
-                    slot.last_used = Some(Instant::now());
-                }
-            }
-            forget_if_unused(&mut models, &self.model);
-        }
-        // Only the requests waiting for this model can use the slot.
-        self.router.fleet.wakeups.model_changed(&self.model);
     }
 }
 
@@ -1150,9 +737,12 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::warm::Capacity;
+    use super::warm::Observed;
     use super::*;
     use crate::config::{NodeConfig, Weights};
+    use crate::fleet::{Evidence, Rules};
     use crate::fleet::{Inventory, Resident};
+    use crate::proxy::reply::ReplyStats;
     use crate::request::Endpoint;
 
     const MODEL: &str = "llama3:8b";
