@@ -2,7 +2,7 @@
 //!
 //! A request is classified by path; fleet-wide endpoints are answered from state; routed
 //! endpoints have their body read, profiled and scored, and are forwarded by
-//! [`forward::Forwarder`].
+//! `forward::Forwarder`.
 
 mod access;
 mod access_log;
