@@ -1,7 +1,7 @@
 //! Choosing a node for a request: find where its conversation is warm, score every candidate
 //! on the eight signals, rank them. Keeping the books while the request runs (in-flight
 //! counts, waits, load reservations, slots, affinity, what the reply showed) is in
-//! [`book`].
+//! `book.rs`.
 
 mod affinity;
 mod book;
