@@ -167,11 +167,7 @@ mod tests {
     use super::*;
 
     fn slot(text: &str, busy: bool, last_used: u64) -> Slot {
-        Slot {
-            text: text.as_bytes().to_vec(),
-            busy,
-            last_used,
-        }
+        Slot::holding(text, busy, last_used)
     }
 
     const A: &str = "<|user|>aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";

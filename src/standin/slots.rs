@@ -23,6 +23,18 @@ pub struct Slot {
     pub last_used: u64,
 }
 
+#[cfg(test)]
+impl Slot {
+    /// A slot holding `text`, for the slot rules' tests.
+    pub(super) fn holding(text: &str, busy: bool, last_used: u64) -> Slot {
+        Slot {
+            text: text.as_bytes().to_vec(),
+            busy,
+            last_used,
+        }
+    }
+}
+
 /// The slot a request should take and the whole tokens it shares with that slot. `None`
 /// when every slot is busy.
 ///
@@ -161,11 +173,7 @@ mod tests {
     use super::*;
 
     fn slot(text: &str, busy: bool, last_used: u64) -> Slot {
-        Slot {
-            text: text.as_bytes().to_vec(),
-            busy,
-            last_used,
-        }
+        Slot::holding(text, busy, last_used)
     }
 
     #[test]
