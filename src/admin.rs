@@ -122,12 +122,12 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
     let mut on_disk: Vec<&String> = inv.on_disk.keys().collect();
     on_disk.sort();
     let settings = node.settings();
-    let models: serde_json::Map<String, Value> = node
-        .models
-        .lock()
-        .iter()
-        .map(|(name, m)| {
-            let slots: Vec<Value> = m
+    let models: serde_json::Map<String, Value> = node.books(|books| {
+        books
+            .models
+            .iter()
+            .map(|(name, m)| {
+                let slots: Vec<Value> = m
                 .slots
                 .iter()
                 .filter(|s| s.lineage != 0)
@@ -139,17 +139,18 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
                     })
                 })
                 .collect();
-            let status = json!({
-                "in_flight": m.in_flight,
-                "waiting": m.waiting,
-                "ttfb_ms": m.ttfb_ms.get(),
-                "prefill_tokens_per_second": m.prefill_tps.get(),
-                "decode_tokens_per_second": m.decode_tps.get(),
-                "warm_slots": slots,
-            });
-            (name.clone(), status)
-        })
-        .collect();
+                let status = json!({
+                    "in_flight": m.in_flight,
+                    "waiting": m.waiting,
+                    "ttfb_ms": m.ttfb_ms.get(),
+                    "prefill_tokens_per_second": m.prefill_tps.get(),
+                    "decode_tokens_per_second": m.decode_tps.get(),
+                    "warm_slots": slots,
+                });
+                (name.clone(), status)
+            })
+            .collect()
+    });
     json!({
         "name": node.name(),
         "url": node.url(),

@@ -125,7 +125,7 @@ impl Metrics {
     }
 }
 
-/// Every `kind` of `corral_upstream_errors_total` (see `proxy/forward.rs`).
+/// Every `kind` of `corral_upstream_errors_total` (see `proxy/forward.rs` and `proxy/relay.rs`).
 pub const UPSTREAM_ERROR_KINDS: &[&str] = &[
     "connect",
     "reset",
@@ -310,20 +310,22 @@ impl FleetCollector {
             for model in inv.resident.keys() {
                 self.model_resident.with_label_values(&[name, model]).set(1);
             }
-            for (model, n) in node.evictions_seen.lock().iter() {
-                self.evictions
-                    .with_label_values(&[name, model.as_str()])
-                    .inc_by(*n);
-            }
-            for (model, state) in node.models.lock().iter() {
-                let labels = [name, model.as_str()];
-                self.in_flight
-                    .with_label_values(&labels)
-                    .set(i64::from(state.in_flight));
-                self.waiting
-                    .with_label_values(&labels)
-                    .set(i64::from(state.waiting));
-            }
+            node.books(|books| {
+                for (model, n) in &books.evictions_seen {
+                    self.evictions
+                        .with_label_values(&[name, model.as_str()])
+                        .inc_by(*n);
+                }
+                for (model, state) in &books.models {
+                    let labels = [name, model.as_str()];
+                    self.in_flight
+                        .with_label_values(&labels)
+                        .set(i64::from(state.in_flight));
+                    self.waiting
+                        .with_label_values(&labels)
+                        .set(i64::from(state.waiting));
+                }
+            });
         }
         self.affinity_entries.set(self.router.affinity.len() as i64);
     }

@@ -22,7 +22,7 @@ use arc_swap::ArcSwap;
 
 pub use check::Checker;
 pub use health::{Evidence, Rules, State};
-pub use node::{Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
+pub use node::{Books, Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
 pub use poller::Poller;
 pub use tls::roots_with;
 pub use wake::{Listener, Wakeups};
@@ -185,7 +185,11 @@ mod tests {
         };
         let fleet = Fleet::new(&config).unwrap();
         let a = fleet.nodes()[0].clone();
-        a.models.lock().entry("m".into()).or_default().in_flight = 3;
+        a.lock_books()
+            .models
+            .entry("m".into())
+            .or_default()
+            .in_flight = 3;
 
         let mut a2 = node("a", 1);
         a2.num_parallel = 8;
@@ -196,7 +200,7 @@ mod tests {
 
         let now = fleet.nodes();
         assert!(Arc::ptr_eq(&now[0], &a));
-        assert_eq!(now[0].models.lock()["m"].in_flight, 3);
+        assert_eq!(now[0].lock_books().models["m"].in_flight, 3);
         assert_eq!(now[0].settings().num_parallel, 8);
         let ids: std::collections::HashSet<u16> = now.iter().map(|n| n.id).collect();
         assert_eq!(ids.len(), 3, "ids are never reused");

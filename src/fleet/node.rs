@@ -144,10 +144,11 @@ pub struct Node {
     pub target: NodeTarget,
     /// Where its host name resolved last. `None` until it resolves: the node is down.
     resolved: ArcSwapOption<Resolved>,
-    pub inventory: ArcSwap<Inventory>,
-    pub models: Mutex<HashMap<String, ModelState>>,
+    inventory: ArcSwap<Inventory>,
+    /// What corral keeps about the node while requests run: see [`Books`].
+    books: Mutex<Books>,
     /// Recent ratio of replies that were not failures (1.0 = all good).
-    pub success: Mutex<SuccessRatio>,
+    success: Mutex<SuccessRatio>,
     /// Whether it answers: one view fed by checks, polls and requests.
     health: Mutex<Health>,
     /// Whether it admitted requests when waiting requests were last told (see
@@ -156,13 +157,21 @@ pub struct Node {
     /// For an `https://` node with `ca_file`: the roots its certificate is checked against.
     ca: Option<Arc<CaType>>,
     /// A reply showed a model load here: the poller reads the node again at once.
-    pub poll_wanted: AtomicBool,
-    /// Models seen leaving the node's memory to make room for another, per model.
-    pub evictions_seen: Mutex<HashMap<String, u64>>,
-    /// What kind of server it is, as configured or detected.
-    pub kind: Mutex<KindState>,
+    pub(super) poll_wanted: AtomicBool,
     /// Slots the node showed (llama.cpp's `/props`); 0 while unknown.
-    pub learned_parallel: AtomicUsize,
+    learned_parallel: AtomicUsize,
+}
+
+/// What corral keeps about a node while requests run, kept together under one lock so
+/// that a decision reads one consistent state of the node: its models' requests, slots,
+/// speeds and cache mirror, the kind of server it is, and the models seen evicted.
+#[derive(Debug, Default)]
+pub struct Books {
+    pub models: HashMap<String, ModelState>,
+    /// What kind of server it is, as configured or detected.
+    pub kind: KindState,
+    /// Models seen leaving the node's memory to make room for another, per model.
+    pub evictions_seen: HashMap<String, u64>,
 }
 
 /// A node's resolved address.
@@ -222,7 +231,10 @@ impl Node {
             _ => None,
         };
         let resolved = target.resolve_blocking();
-        let kind = Mutex::new(KindState::configured(config.kind));
+        let books = Books {
+            kind: KindState::configured(config.kind),
+            ..Books::default()
+        };
         let node = Node {
             id,
             name: config.name.clone(),
@@ -231,14 +243,12 @@ impl Node {
             target,
             resolved: ArcSwapOption::empty(),
             inventory: ArcSwap::from_pointee(Inventory::default()),
-            models: Mutex::new(HashMap::new()),
+            books: Mutex::new(books),
             success: Mutex::new(SuccessRatio::new()),
             health: Mutex::new(Health::default()),
             announced: AtomicBool::new(true),
             ca,
             poll_wanted: AtomicBool::new(false),
-            evictions_seen: Mutex::new(HashMap::new()),
-            kind,
             learned_parallel: AtomicUsize::new(0),
         };
         match resolved {
@@ -292,9 +302,26 @@ impl Node {
 
     pub fn set_settings(&self, config: NodeConfig) {
         if config.kind != self.settings().kind {
-            *self.kind.lock() = KindState::configured(config.kind);
+            self.books.lock().kind = KindState::configured(config.kind);
         }
         self.settings.store(Arc::new(config));
+    }
+
+    /// Reads or changes the node's books under their lock, held only while `f` runs: `f`
+    /// must be quick and never wait.
+    pub fn books<R>(&self, f: impl FnOnce(&mut Books) -> R) -> R {
+        f(&mut self.books.lock())
+    }
+
+    /// The books' lock itself, for tests that set up or inspect a node's state.
+    #[cfg(test)]
+    pub(crate) fn lock_books(&self) -> parking_lot::MutexGuard<'_, Books> {
+        self.books.lock()
+    }
+
+    /// Records the slots the node showed.
+    pub fn learn_parallel(&self, slots: usize) {
+        self.learned_parallel.store(slots, Ordering::Relaxed);
     }
 
     pub fn inventory(&self) -> Arc<Inventory> {
@@ -367,20 +394,17 @@ impl Node {
         let previous = self.inventory();
         let changed = changed_models(&previous, &fresh);
         let polled_at = fresh.polled_at;
+        let mut books = self.books.lock();
         if previous.polled_at.is_some() {
             let evicted = evictions(&previous.resident, &fresh.resident);
-            if !evicted.is_empty() {
-                let mut seen = self.evictions_seen.lock();
-                for model in evicted {
-                    *seen.entry(model.to_string()).or_default() += 1;
-                }
+            for model in evicted {
+                *books.evictions_seen.entry(model.to_string()).or_default() += 1;
             }
         }
         if let Some(version) = &fresh.version {
-            self.kind.lock().learn_version(version);
+            books.kind.learn_version(version);
         }
-        let mut models = self.models.lock();
-        for (name, state) in models.iter_mut() {
+        for (name, state) in books.models.iter_mut() {
             // A request running for the model means it is loaded, or loading: a poll taken
             // during the first load does not list it yet.
             let unloaded = !fresh.resident.contains_key(name) && state.in_flight == 0;
@@ -397,7 +421,7 @@ impl Node {
                 state.last_success = None;
             }
         }
-        drop(models);
+        drop(books);
         self.inventory.store(Arc::new(fresh));
         changed
     }
@@ -486,8 +510,8 @@ mod tests {
         let node = Node::new(0, NodeConfig::new("a", "http://127.0.0.1:9")).unwrap();
         let before = Instant::now();
         {
-            let mut models = node.models.lock();
-            let m = models.entry("m:latest".into()).or_default();
+            let mut books = node.lock_books();
+            let m = books.models.entry("m:latest".into()).or_default();
             m.slots = vec![Slot {
                 lineage: 7,
                 depth: 2,
@@ -502,21 +526,29 @@ mod tests {
             polled_at: Some(before),
             ..Default::default()
         });
-        assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
+        assert_eq!(node.lock_books().models["m:latest"].slots[0].lineage, 7);
         // Nor does one taken while a request for it runs (the model is loading).
-        node.models.lock().get_mut("m:latest").unwrap().in_flight = 1;
+        node.lock_books()
+            .models
+            .get_mut("m:latest")
+            .unwrap()
+            .in_flight = 1;
         node.update_inventory(Inventory {
             polled_at: Some(Instant::now()),
             ..Default::default()
         });
-        assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 7);
-        node.models.lock().get_mut("m:latest").unwrap().in_flight = 0;
+        assert_eq!(node.lock_books().models["m:latest"].slots[0].lineage, 7);
+        node.lock_books()
+            .models
+            .get_mut("m:latest")
+            .unwrap()
+            .in_flight = 0;
         // A later poll that sees the model gone does.
         node.update_inventory(Inventory {
             polled_at: Some(Instant::now()),
             ..Default::default()
         });
-        assert_eq!(node.models.lock()["m:latest"].slots[0].lineage, 0);
+        assert_eq!(node.lock_books().models["m:latest"].slots[0].lineage, 0);
     }
 
     #[test]
@@ -542,7 +574,7 @@ mod tests {
         node.update_inventory(holding(&["b", "c"]));
         // "b" left and nothing arrived: an unload (keep-alive), not an eviction.
         node.update_inventory(holding(&["c"]));
-        let seen = node.evictions_seen.lock().clone();
+        let seen = node.books(|b| b.evictions_seen.clone());
         assert_eq!(seen.get("a"), Some(&1));
         assert_eq!(seen.get("b"), None);
         assert_eq!(seen.len(), 1);

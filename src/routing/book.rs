@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::slots::{SlotPolicy, choose_slot};
 use super::warm::{HostEntry, Measured, Observed, measure};
-use super::{
-    AffinityResult, Candidate, Decision, Entry, HostProbe, Router, SlotPolicy, choose_slot,
-};
+use super::{AffinityResult, Candidate, Decision, Entry, HostProbe, Router};
 use crate::fleet::kind::Counting;
 use crate::fleet::{Evidence, ModelState, Node, Rules, Slot};
 use crate::proxy::reply::{Reading, ReplyStats};
@@ -31,11 +30,7 @@ impl Router {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        node.models
-            .lock()
-            .entry(model.to_string())
-            .or_default()
-            .waiting += 1;
+        node.books(|books| books.models.entry(model.to_string()).or_default().waiting += 1);
         Some(WaitTicket {
             router: self.clone(),
             node: node.clone(),
@@ -59,9 +54,8 @@ impl Router {
 
     fn dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile, loads: bool) -> Option<Dispatch> {
         let parallel = node.parallel() as u32;
-        let reserved = {
-            let mut models = node.models.lock();
-            let state = models.entry(p.model_key.clone()).or_default();
+        let reserved = node.books(|books| {
+            let state = books.models.entry(p.model_key.clone()).or_default();
             if state.in_flight >= parallel {
                 return None;
             }
@@ -70,8 +64,8 @@ impl Router {
             if reserve {
                 state.loading = Some(Instant::now());
             }
-            reserve
-        };
+            Some(reserve)
+        })?;
         Some(Dispatch {
             router: self.clone(),
             node: node.clone(),
@@ -105,11 +99,10 @@ impl Router {
         let pin = decision.pin.filter(|pin| pin.node == node.id);
         let settings = node.settings();
         let parallel = node.parallel();
-        let policy = SlotPolicy::of(node, &settings);
         let tokens = u64::from(p.prompt_tokens);
-        let (index, lineage) = {
-            let mut models = node.models.lock();
-            let state = models.entry(p.model_key.clone()).or_default();
+        let (index, lineage) = node.books(|books| {
+            let policy = SlotPolicy::of(&books.kind, &settings);
+            let state = books.models.entry(p.model_key.clone()).or_default();
             if state.slots.len() != parallel {
                 state.slots.resize(parallel, Slot::default());
             }
@@ -163,7 +156,7 @@ impl Router {
             slot.busy += 1;
             slot.tokens = tokens;
             (index, lineage)
-        };
+        });
         dispatch.slot = Some(index);
         dispatch.lineage = lineage;
         dispatch.prediction = Some(Prediction {
@@ -202,15 +195,17 @@ impl Router {
             }
         }
         let Some(index) = dispatch.slot else { return };
-        let mut models = dispatch.node.models.lock();
-        if let Some(slot) = models
-            .get_mut(&dispatch.model)
-            .and_then(|m| m.slots.get_mut(index))
-            .filter(|s| s.lineage == dispatch.lineage)
-        {
-            slot.lineage = 0;
-            slot.depth = 0;
-        }
+        dispatch.node.books(|books| {
+            if let Some(slot) = books
+                .models
+                .get_mut(&dispatch.model)
+                .and_then(|m| m.slots.get_mut(index))
+                .filter(|s| s.lineage == dispatch.lineage)
+            {
+                slot.lineage = 0;
+                slot.depth = 0;
+            }
+        });
     }
 }
 
@@ -223,12 +218,12 @@ pub struct WaitTicket {
 
 impl Drop for WaitTicket {
     fn drop(&mut self) {
-        let mut models = self.node.models.lock();
-        if let Some(state) = models.get_mut(&self.model) {
-            state.waiting = state.waiting.saturating_sub(1);
-        }
-        forget_if_unused(&mut models, &self.model);
-        drop(models);
+        self.node.books(|books| {
+            if let Some(state) = books.models.get_mut(&self.model) {
+                state.waiting = state.waiting.saturating_sub(1);
+            }
+            forget_if_unused(&mut books.models, &self.model);
+        });
         self.router.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -320,56 +315,55 @@ impl Dispatch {
     pub fn observe(&mut self, stats: &ReplyStats) -> Option<Observation> {
         let prediction = self.prediction?;
         let reading = stats.reading()?;
-        let node = &self.node;
-        let counting = {
-            let mut kind = node.kind.lock();
-            kind.learn_reply_shape(stats.shape());
-            kind.counting
-        };
-        let mut models = node.models.lock();
-        let state = models.get_mut(&self.model)?;
-        let (measured, learned) = measure(
-            reading,
-            counting,
-            state.warm.cold_rate.get(),
-            prediction.estimated,
-        );
-        if let Some(learned) = learned {
-            let mut kind = node.kind.lock();
-            if kind.counting == Counting::Unknown {
-                kind.counting = learned;
+        let node = self.node.clone();
+        node.books(|books| {
+            books.kind.learn_reply_shape(stats.shape());
+            let counting = books.kind.counting;
+            let state = books.models.get_mut(&self.model)?;
+            let (measured, learned) = measure(
+                reading,
+                counting,
+                state.warm.cold_rate.get(),
+                prediction.estimated,
+            );
+            if let Some(learned) = learned
+                && books.kind.counting == Counting::Unknown
+            {
+                books.kind.counting = learned;
             }
-        }
-        let observed = measured.observed();
-        let seconds = stats.prefill_seconds();
-        // The cold rate comes from replies that evaluated their whole prompt: a new
-        // conversation that the node confirms cold, or any reply whose count is of
-        // evaluated tokens only.
-        let whole_prompt = prediction.affinity == AffinityResult::New && observed != Observed::Warm;
-        // Where the count is of evaluated tokens, every reply gives the rate.
-        let counts_evaluated = matches!(reading, Reading::Exact { .. })
-            || learned.unwrap_or(counting) == Counting::EvaluatedOnly;
-        // The tokens the prefill duration covers.
-        let covered = if whole_prompt && !counts_evaluated {
-            Some(measured.total)
-        } else {
-            measured.evaluated()
-        };
-        if let (Some(seconds), Some(evaluated)) = (seconds, covered) {
-            if whole_prompt || counts_evaluated {
-                state.warm.cold_rate.record(evaluated, seconds);
+            let state = books.models.get_mut(&self.model)?;
+            let observed = measured.observed();
+            let seconds = stats.prefill_seconds();
+            // The cold rate comes from replies that evaluated their whole prompt: a new
+            // conversation that the node confirms cold, or any reply whose count is of
+            // evaluated tokens only.
+            let whole_prompt =
+                prediction.affinity == AffinityResult::New && observed != Observed::Warm;
+            // Where the count is of evaluated tokens, every reply gives the rate.
+            let counts_evaluated = matches!(reading, Reading::Exact { .. })
+                || learned.unwrap_or(counting) == Counting::EvaluatedOnly;
+            // The tokens the prefill duration covers.
+            let covered = if whole_prompt && !counts_evaluated {
+                Some(measured.total)
+            } else {
+                measured.evaluated()
+            };
+            if let (Some(seconds), Some(evaluated)) = (seconds, covered) {
+                if whole_prompt || counts_evaluated {
+                    state.warm.cold_rate.record(evaluated, seconds);
+                }
+                if evaluated > 0 && seconds > 0.0 {
+                    self.prefill_tps = Some(evaluated as f64 / seconds);
+                }
             }
-            if evaluated > 0 && seconds > 0.0 {
-                self.prefill_tps = Some(evaluated as f64 / seconds);
+            if let Some(probe) = prediction.probe {
+                state.warm.host.learn(probe.needed, observed);
             }
-        }
-        if let Some(probe) = prediction.probe {
-            state.warm.host.learn(probe.needed, observed);
-        }
-        Some(Observation {
-            predicted: prediction.affinity,
-            measured,
-            observed,
+            Some(Observation {
+                predicted: prediction.affinity,
+                measured,
+                observed,
+            })
         })
     }
 
@@ -389,33 +383,34 @@ impl Dispatch {
         if !outcome.ok {
             return;
         }
-        let mut models = self.node.models.lock();
-        let state = models.entry(self.model.clone()).or_default();
-        state.last_success = Some(Instant::now());
-        state
-            .warm
-            .service_s
-            .record(self.started.elapsed().as_secs_f64());
-        if let Some(ttfb) = outcome.ttfb {
-            state.ttfb_ms.record(ttfb.as_secs_f64() * 1000.0);
-        }
-        if let Some(tps) = outcome.prefill_tps.or(self.prefill_tps) {
-            state.prefill_tps.record(tps);
-        }
-        if let Some(tps) = outcome.decode_tps {
-            state.decode_tps.record(tps);
-        }
-        if outcome.prefill_tps.or(self.prefill_tps).is_some() || outcome.decode_tps.is_some() {
-            state.speed_at = Some(Instant::now());
-        }
+        let own_prefill = self.prefill_tps;
+        self.node.books(|books| {
+            let state = books.models.entry(self.model.clone()).or_default();
+            state.last_success = Some(Instant::now());
+            state
+                .warm
+                .service_s
+                .record(self.started.elapsed().as_secs_f64());
+            if let Some(ttfb) = outcome.ttfb {
+                state.ttfb_ms.record(ttfb.as_secs_f64() * 1000.0);
+            }
+            if let Some(tps) = outcome.prefill_tps.or(own_prefill) {
+                state.prefill_tps.record(tps);
+            }
+            if let Some(tps) = outcome.decode_tps {
+                state.decode_tps.record(tps);
+            }
+            if outcome.prefill_tps.or(own_prefill).is_some() || outcome.decode_tps.is_some() {
+                state.speed_at = Some(Instant::now());
+            }
+        });
     }
 }
 
 impl Drop for Dispatch {
     fn drop(&mut self) {
-        {
-            let mut models = self.node.models.lock();
-            if let Some(state) = models.get_mut(&self.model) {
+        self.node.books(|books| {
+            if let Some(state) = books.models.get_mut(&self.model) {
                 state.in_flight = state.in_flight.saturating_sub(1);
                 // Loaded (the reply's success is now the sign of it) or failed: either
                 // way the reservation ends.
@@ -427,8 +422,8 @@ impl Drop for Dispatch {
                     slot.last_used = Some(Instant::now());
                 }
             }
-            forget_if_unused(&mut models, &self.model);
-        }
+            forget_if_unused(&mut books.models, &self.model);
+        });
         // Only the requests waiting for this model can use the slot.
         self.router.fleet.wakeups.model_changed(&self.model);
     }

@@ -5,13 +5,15 @@
 
 mod affinity;
 mod book;
+pub mod choose;
 pub mod placement;
 pub mod score;
 pub mod signals;
+mod slots;
 mod stay;
+pub mod view;
 pub mod warm;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -21,12 +23,12 @@ use arc_swap::ArcSwap;
 pub use affinity::{AffinityTable, Entry};
 pub use book::{Dispatch, Observation, Outcome, WaitTicket};
 pub use score::Scores;
-use signals::{Memory, RequestClass, Speed, Warmth};
 
-use crate::config::{Config, NodeConfig};
-use crate::fleet::kind::NodeKind;
-use crate::fleet::{Fleet, Inventory, Listener, ModelState, Node, Slot};
+use crate::config::Config;
+use crate::fleet::{Fleet, Listener, Node};
 use crate::request::Profile;
+use slots::is_warm;
+use view::{ModelSizes, NodeView};
 use warm::HostPlace;
 
 pub struct Router {
@@ -247,117 +249,33 @@ impl Router {
         if nodes.is_empty() {
             return Err(RouteError::NoHealthyNode);
         }
-        // Nodes that are down are ranked after all others: first choices never go there, but
-        // a request tries them when no node that admits requests is left, rather than refuse
-        // a request that a node might still serve (a refused connection costs microseconds).
-        let standby = |n: &Node| !self.fleet.is_healthy(n);
         let (pin, went_cold, probe) = self.find_pin(p);
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
-        let pinned_node = p
+        let warm_node = p
             .session
             .and_then(|key| self.sessions.get(key))
             .map(|entry| entry.node)
             .or(pin.map(|pin| pin.node));
         let model = p.model_key.as_str();
-        let need = model_size(&nodes, model);
-        let best = best_speed(&nodes, model);
-        let class = RequestClass {
-            endpoint: p.endpoint.class(),
-            model,
-            size: need.map(signals::size_class),
-        };
-
-        let mut ranked = Vec::with_capacity(nodes.len());
-        // Per candidate, in the same order: expected wait and cold prefill rate, where
-        // measured.
-        let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(nodes.len());
-        let mut too_large = false;
         let mut sizes = ModelSizes::new(&nodes);
-        for node in nodes.iter() {
-            let settings = node.settings();
-            let inv = node.inventory();
-            let known_empty = inv.polled_at.is_some();
-            let resident_now = inv.resident.get(model);
-            if known_empty && resident_now.is_none() && !inv.on_disk.contains_key(model) {
-                continue;
-            }
-            let policy = SlotPolicy::of(node, &settings);
-            let state = NodeModelView::read(node, model, node.parallel(), policy, now, self.ttl());
-            // Running here, and waiting in corral for this node.
-            let depth = state.in_flight + state.waiting;
-            let total = settings.memory_bytes();
-            let (footprint, resident) = node_memory(node, &inv, total, &mut sizes, model);
-            let memory = Memory {
-                need,
-                total,
-                used: footprint.used,
-            };
-            let w = &config.weights;
-            let Some(memory_fit) = signals::memory_fit(resident, memory, w) else {
-                too_large = true;
-                continue;
-            };
-            let evicts_busy = !resident && placement::evicts_busy(need, total, &footprint);
-            let warmth = if pinned_node == Some(node.id) {
-                Warmth::HoldsPrefix
-            } else if p.endpoint.generates() && state.new_conversation_displaces {
-                Warmth::WouldDisplace
-            } else {
-                Warmth::Free
-            };
-            let speed = Speed {
-                prefill: state.prefill_tps,
-                decode: state.decode_tps,
-            };
-            let scores = Scores {
-                model_loaded: signals::model_loaded(resident, w),
-                memory_fit,
-                queue_depth: signals::queue_depth(depth, w),
-                latency: signals::latency(speed, best, w) * freshness(state.speed_at, now),
-                role_affinity: signals::role_affinity(&settings.roles, class, w),
-                availability: signals::availability(node.success_ratio(), w),
-                context_fit: signals::context_fit(
-                    p.prompt_tokens,
-                    p.num_ctx,
-                    resident_now.and_then(|r| r.context_length),
-                    w,
-                ),
-                session_affinity: signals::session_affinity(warmth, depth, w),
-            };
-            ranked.push(Candidate {
-                node: node.clone(),
-                scores,
-                resident,
-                evicts_busy,
-                standby: standby(node),
-            });
-            let wait = state
-                .service_s
-                .map(|service| stay::expected_wait(depth, node.parallel(), service));
-            timing.push((wait, state.cold_tps));
-        }
-        if let Some(pin) = pin.filter(|_| config.weights.move_cost > 0.0) {
-            let factor = config.weights.move_cost;
-            keep_warm_if_sooner(&mut ranked, &timing, pin.node, p.prompt_tokens, factor);
-        }
-        if ranked.is_empty() {
-            return Err(match (too_large, need) {
-                (true, Some(need)) => RouteError::TooLarge {
-                    model: p.model.clone(),
-                    need,
-                },
-                _ => RouteError::ModelNotFound(p.model.clone()),
-            });
-        }
-        score::rank(
-            &mut ranked,
-            |c| (c.scores.total(), c.node.name()),
-            p.conversation,
-        );
-        // Stable: standby nodes keep their order among themselves, after the others; and
-        // among live ones, a node where the load would unload a model in use comes last.
-        ranked.sort_by_key(|c| (c.standby, c.evicts_busy));
+        let request = choose::Request {
+            need: sizes.of(model),
+            warm_node,
+            pin_node: pin.map(|pin| pin.node),
+            now,
+        };
+        let views: Vec<NodeView> = nodes
+            .iter()
+            .filter_map(|node| {
+                // Nodes that are down are ranked after all others: first choices never go
+                // there, but a request tries them when no node that admits requests is left,
+                // rather than refuse one that a node might still serve.
+                let standby = !self.fleet.is_healthy(node);
+                NodeView::take(node, model, standby, &mut sizes, now, self.ttl())
+            })
+            .collect();
+        let ranked = choose::rank(p, request, &views, &config.weights)?;
         Ok(Decision {
             ranked,
             pin,
@@ -383,17 +301,18 @@ impl Router {
             };
             let node = self.fleet.node(entry.node);
             let found = node.and_then(|node| {
-                let host_allowed = node.kind.lock().host_cache != Some(false);
-                let models = node.models.lock();
-                let state = models.get(&p.model_key)?;
-                let in_slot = state
-                    .slots
-                    .iter()
-                    .find(|s| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
-                    .map(|s| Place::Slot(s.depth));
-                in_slot.or_else(|| {
-                    let place = state.warm.host.place(entry.lineage)?;
-                    Some(Place::Host(place, host_allowed))
+                node.books(|books| {
+                    let host_allowed = books.kind.host_cache != Some(false);
+                    let state = books.models.get(&p.model_key)?;
+                    let in_slot = state
+                        .slots
+                        .iter()
+                        .find(|s| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
+                        .map(|s| Place::Slot(s.depth));
+                    in_slot.or_else(|| {
+                        let place = state.warm.host.place(entry.lineage)?;
+                        Some(Place::Host(place, host_allowed))
+                    })
                 })
             });
             let (slot_depth, in_host) = match found {
@@ -439,307 +358,13 @@ enum Place {
     Host(HostPlace, bool),
 }
 
-/// When the conversation's warm node is outscored, keeps the follow-up there anyway if,
-/// counted in seconds, it would start there no later than a move to the best other node
-/// (see [`stay`]): the warm node's affinity score is raised just enough to lead. Needs
-/// measured service times and prefill rates; without them the signals decide alone, as
-/// in the README's worked example. Off unless `weights.move_cost` is set.
-fn keep_warm_if_sooner(
-    ranked: &mut [Candidate],
-    timing: &[(Option<f64>, Option<f64>)],
-    warm_node: u16,
-    prompt_tokens: u32,
-    factor: f64,
-) {
-    let Some(warm) = ranked.iter().position(|c| c.node.id == warm_node) else {
-        return;
-    };
-    let best_other = (0..ranked.len())
-        .filter(|&i| i != warm && !ranked[i].standby)
-        .max_by(|&a, &b| {
-            ranked[a]
-                .scores
-                .total()
-                .total_cmp(&ranked[b].scores.total())
-        });
-    let Some(other) = best_other else { return };
-    let gap = ranked[other].scores.total() - ranked[warm].scores.total();
-    if gap < 0.0 || ranked[warm].standby {
-        return;
-    }
-    let (Some(warm_wait), _) = timing[warm] else {
-        return;
-    };
-    let (Some(other_wait), Some(other_tps)) = timing[other] else {
-        return;
-    };
-    let Some(cost) = stay::move_cost(prompt_tokens, other_tps, factor) else {
-        return;
-    };
-    if stay::stays(warm_wait, other_wait, cost) {
-        ranked[warm].scores.session_affinity += gap + 1.0;
-    }
-}
-
-/// What scoring reads of one model's state on one node, copied out under the lock without
-/// allocating.
-#[derive(Default)]
-struct NodeModelView {
-    in_flight: u32,
-    waiting: u32,
-    /// A new conversation here would push a warm one out of its slot.
-    new_conversation_displaces: bool,
-    prefill_tps: Option<f64>,
-    decode_tps: Option<f64>,
-    speed_at: Option<Instant>,
-    service_s: Option<f64>,
-    cold_tps: Option<f64>,
-}
-
-impl NodeModelView {
-    fn read(
-        node: &Node,
-        model: &str,
-        parallel: usize,
-        policy: SlotPolicy,
-        now: Instant,
-        ttl: Duration,
-    ) -> NodeModelView {
-        let host_allowed = node.kind.lock().host_cache != Some(false);
-        let models = node.models.lock();
-        let Some(state) = models.get(model) else {
-            return NodeModelView::default();
-        };
-        // A conversation pushed out of a slot into a host cache that keeps it is not lost.
-        // A conversation pushed out of a slot into a host cache with room for it is not
-        // lost; where the cache is full, it pushes the oldest saved one out instead.
-        let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);
-        let host_keeps = host_allowed && state.warm.host.has_room(victim, parallel);
-        NodeModelView {
-            in_flight: state.in_flight,
-            waiting: state.waiting,
-            new_conversation_displaces: !host_keeps
-                && displaces_warm(state, parallel, policy, now, ttl),
-            prefill_tps: state.prefill_tps.get(),
-            decode_tps: state.decode_tps.get(),
-            speed_at: state.speed_at,
-            service_s: state.warm.service_s.get(),
-            cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
-        }
-    }
-}
-
-/// How much a node's speed history still counts: half after a minute without a new
-/// measurement. A slow node that lost all its traffic is thus tried again in time, rather
-/// than being judged for ever on old figures.
-fn freshness(measured: Option<Instant>, now: Instant) -> f64 {
-    const HALF_LIFE: Duration = Duration::from_secs(60);
-    measured.map_or(1.0, |t| {
-        0.5f64.powf(now.duration_since(t).as_secs_f64() / HALF_LIFE.as_secs_f64())
-    })
-}
-
-fn is_warm(slot: &Slot, now: Instant, ttl: Duration) -> bool {
-    slot.lineage != 0 && slot.last_used.is_some_and(|t| now.duration_since(t) <= ttl)
-}
-
-/// How a node's runner chooses the slot of a prompt that continues none: Ollama's
-/// `OLLAMA_MULTIUSER_CACHE` setting (`nodes[].multiuser_cache`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SlotPolicy {
-    /// Ollama's default: the idle slot sharing the longest prefix with the prompt. Every
-    /// prompt shares its first tokens (BOS, the chat template) with any slot that holds
-    /// something, so that is the first idle slot holding a conversation, never an empty
-    /// one while such a slot is idle.
-    LongestPrefix,
-    /// Multi-user cache, and llama.cpp's server: an empty slot, else the least recently
-    /// used idle one.
-    LeastRecentlyUsed,
-}
-
-impl SlotPolicy {
-    /// The old Ollama runner without the multi-user cache takes the longest prefix;
-    /// llama-server (Ollama 0.30 and later, llama.cpp) an empty slot, else the least
-    /// recently used. A node of unknown kind is taken for current Ollama.
-    fn of(node: &Node, settings: &NodeConfig) -> SlotPolicy {
-        let legacy = node.kind.lock().kind == NodeKind::OllamaLegacy;
-        if legacy && !settings.multiuser_cache {
-            SlotPolicy::LongestPrefix
-        } else {
-            SlotPolicy::LeastRecentlyUsed
-        }
-    }
-}
-
-/// Whether a new conversation sent here would take the slot of a warm one.
-fn displaces_warm(
-    state: &ModelState,
-    parallel: usize,
-    policy: SlotPolicy,
-    now: Instant,
-    ttl: Duration,
-) -> bool {
-    let warm = |s: &Slot| is_warm(s, now, ttl);
-    match policy {
-        // It takes an idle slot holding a conversation if there is one; with every slot
-        // busy, it will take the next to free, which holds the conversation just served.
-        SlotPolicy::LongestPrefix => {
-            let all_busy = state.slots.len() >= parallel && state.slots.iter().all(|s| s.busy > 0);
-            state
-                .slots
-                .iter()
-                .any(|s| warm(s) && (s.busy == 0 || all_busy))
-        }
-        SlotPolicy::LeastRecentlyUsed => {
-            state.slots.len() >= parallel && state.slots.iter().all(warm)
-        }
-    }
-}
-
-/// The slot the node gives a prompt that continues no conversation it holds.
-fn choose_slot(slots: &[Slot], policy: SlotPolicy, now: Instant, ttl: Duration) -> usize {
-    match policy {
-        SlotPolicy::LongestPrefix => {
-            // Any slot with content beats an empty one, whatever its age: the node keeps
-            // a slot's content until the model unloads (which the poller clears).
-            let first_idle = |holds: bool| {
-                slots
-                    .iter()
-                    .position(|s| s.busy == 0 && (s.lineage != 0) == holds)
-            };
-            return first_idle(true).or_else(|| first_idle(false)).unwrap_or(0);
-        }
-        SlotPolicy::LeastRecentlyUsed => {}
-    }
-    if let Some(i) = slots.iter().position(|s| !is_warm(s, now, ttl)) {
-        return i;
-    }
-    let lru = |idle_only: bool| {
-        slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !idle_only || s.busy == 0)
-            .min_by_key(|(_, s)| s.last_used)
-            .map(|(i, _)| i)
-    };
-    lru(true).or_else(|| lru(false)).unwrap_or(0)
-}
-
-/// The model's size in memory where some node has it loaded, else its size on disk.
-fn model_size(nodes: &[Arc<Node>], model: &str) -> Option<u64> {
-    let inventories: Vec<_> = nodes.iter().map(|n| n.inventory()).collect();
-    let loaded = inventories
-        .iter()
-        .filter_map(|inv| inv.resident.get(model).map(|r| r.size))
-        .max();
-    loaded.or_else(|| {
-        inventories
-            .iter()
-            .filter_map(|inv| inv.on_disk.get(model).copied())
-            .max()
-    })
-}
-
-/// Model sizes in memory, looked up once per decision.
-struct ModelSizes<'n> {
-    nodes: &'n [Arc<Node>],
-    known: HashMap<String, Option<u64>>,
-}
-
-impl<'n> ModelSizes<'n> {
-    fn new(nodes: &'n [Arc<Node>]) -> Self {
-        ModelSizes {
-            nodes,
-            known: HashMap::new(),
-        }
-    }
-
-    fn of(&mut self, model: &str) -> Option<u64> {
-        if let Some(size) = self.known.get(model) {
-            return *size;
-        }
-        let size = model_size(self.nodes, model);
-        self.known.insert(model.to_string(), size);
-        size
-    }
-}
-
-/// What the node holds in memory as corral believes it now, and whether `model` is among
-/// it: what its last poll listed, what replies came from since, and what corral's own
-/// requests are loading there, counted only up to its memory ([`placement::believed`]).
-fn node_memory(
-    node: &Node,
-    inv: &Inventory,
-    total: Option<u64>,
-    sizes: &mut ModelSizes,
-    model: &str,
-) -> (placement::Footprint, bool) {
-    let models = node.models.lock();
-    let mut held = Vec::with_capacity(inv.resident.len() + 1);
-    for (name, r) in &inv.resident {
-        let state = models.get(name);
-        let busy = state.is_some_and(|s| s.in_flight + s.waiting > 0);
-        let served = state.and_then(|s| s.last_success);
-        held.push(placement::Held {
-            model: name,
-            size: r.size,
-            certain: busy || state.is_some_and(|s| s.loading.is_some()),
-            seen: served.max(inv.polled_at),
-            busy,
-        });
-    }
-    for (name, state) in models.iter() {
-        if inv.resident.contains_key(name) {
-            continue;
-        }
-        let running = state.in_flight > 0 || state.loading.is_some();
-        let served_since_poll = match (state.last_success, inv.polled_at) {
-            (Some(served), Some(polled)) => served > polled,
-            (Some(_), None) => true,
-            _ => false,
-        };
-        if running || served_since_poll {
-            held.push(placement::Held {
-                model: name,
-                size: sizes.of(name).unwrap_or(0),
-                certain: running,
-                seen: state.last_success,
-                busy: state.in_flight + state.waiting > 0,
-            });
-        }
-    }
-    // The node demonstrably holds what its last poll listed, even beyond a `memory_gb` set
-    // too low: only later signs are weighed against its memory.
-    let polled: u64 = inv.resident.values().map(|r| r.size).sum();
-    let believed = placement::believed(total.map(|t| t.max(polled)), held);
-    (believed.footprint, believed.holds(model))
-}
-
-/// The fleet's best learned speeds for the model, the yardstick of the latency signal.
-fn best_speed(nodes: &[Arc<Node>], model: &str) -> Speed {
-    let mut best = Speed::default();
-    for node in nodes {
-        if let Some(state) = node.models.lock().get(model) {
-            best.prefill = max_opt(best.prefill, state.prefill_tps.get());
-            best.decode = max_opt(best.decode, state.decode_tps.get());
-        }
-    }
-    best
-}
-
-fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::warm::Capacity;
     use super::warm::Observed;
     use super::*;
     use crate::config::{NodeConfig, Weights};
+    use crate::fleet::kind::NodeKind;
     use crate::fleet::{Evidence, Rules};
     use crate::fleet::{Inventory, Resident};
     use crate::proxy::reply::ReplyStats;
@@ -905,53 +530,6 @@ mod tests {
     }
 
     #[test]
-    fn by_default_a_busy_slot_is_not_taken_and_content_beats_emptiness() {
-        let now = Instant::now();
-        let ttl = Duration::from_secs(300);
-        let slot = |lineage, busy| Slot {
-            lineage,
-            depth: 1,
-            last_used: Some(now),
-            busy,
-            tokens: 10,
-        };
-        let slots = [slot(0, 0), slot(7, 1), slot(8, 0), slot(9, 0)];
-        assert_eq!(choose_slot(&slots, SlotPolicy::LongestPrefix, now, ttl), 2);
-        assert_eq!(
-            choose_slot(&slots, SlotPolicy::LeastRecentlyUsed, now, ttl),
-            0
-        );
-        let all_busy_or_empty = [slot(7, 1), slot(0, 0)];
-        assert_eq!(
-            choose_slot(&all_busy_or_empty, SlotPolicy::LongestPrefix, now, ttl),
-            1
-        );
-
-        // Displacement by default: an idle slot holding a conversation; with every slot
-        // busy, the next to free; a busy slot beside an empty one, no.
-        let state = |slots: Vec<Slot>| ModelState {
-            slots,
-            ..Default::default()
-        };
-        let displaces = |slots: Vec<Slot>, policy| {
-            let n = slots.len();
-            displaces_warm(&state(slots), n, policy, now, ttl)
-        };
-        let by_default = SlotPolicy::LongestPrefix;
-        assert!(displaces(vec![slot(0, 0), slot(8, 0)], by_default));
-        assert!(displaces(vec![slot(7, 1)], by_default));
-        assert!(!displaces(vec![slot(7, 1), slot(0, 0)], by_default));
-        assert!(!displaces(
-            vec![slot(0, 0), slot(8, 0)],
-            SlotPolicy::LeastRecentlyUsed
-        ));
-        assert!(displaces(
-            vec![slot(7, 1), slot(8, 0)],
-            SlotPolicy::LeastRecentlyUsed
-        ));
-    }
-
-    #[test]
     fn a_model_that_nothing_used_leaves_no_state_behind() {
         let r = router(1, 2);
         let node = r.fleet.nodes()[0].clone();
@@ -964,10 +542,10 @@ mod tests {
         let mut failed = r.try_dispatch(&node, &invented).unwrap();
         failed.finish(Outcome::default());
         drop(failed);
-        assert!(!node.models.lock().contains_key("invented:1b"));
+        assert!(!node.lock_books().models.contains_key("invented:1b"));
         // What a served model taught is kept.
         serve(&r, &chat(&["a"]), 0);
-        assert!(node.models.lock().contains_key(MODEL));
+        assert!(node.lock_books().models.contains_key(MODEL));
     }
 
     #[test]
@@ -1054,7 +632,7 @@ mod tests {
         let o = serve_replying(&r, &a, 0, &llama_cpp_reply(0, 120));
         assert_eq!((o.observed, o.agrees()), (Observed::Cold, Some(false)));
         let node = &r.fleet.nodes()[0];
-        let capacity = node.models.lock()[MODEL].warm.host.capacity();
+        let capacity = node.lock_books().models[MODEL].warm.host.capacity();
         assert_eq!(capacity, Capacity::Tokens(needed_a - 1));
         // Now b (also three deep: c, d, then a saved after it) is predicted cold...
         let b = chat(&["b", "r", &long, "reply", "more"]);
@@ -1066,10 +644,10 @@ mod tests {
         // (here none at all) wins, and b counts as warm again.
         let o = serve_replying(&r, &b, 0, &llama_cpp_reply(100, 3));
         assert_eq!((o.observed, o.agrees()), (Observed::Warm, Some(false)));
-        let grown = node.models.lock()[MODEL].warm.host.capacity();
+        let grown = node.lock_books().models[MODEL].warm.host.capacity();
         assert_eq!(grown, Capacity::Unbounded);
         assert_eq!(
-            node.kind.lock().kind,
+            node.lock_books().kind.kind,
             NodeKind::LlamaCpp,
             "the replies' timings told the kind"
         );
@@ -1104,7 +682,9 @@ mod tests {
         assert_eq!(o.measured.cached, Some(1000));
         assert_eq!(o.observed, Observed::Warm);
         // The prefill speed learned is that of evaluated tokens, not 101,000 per second.
-        let tps = r.fleet.nodes()[0].models.lock()[MODEL].prefill_tps.get();
+        let tps = r.fleet.nodes()[0].lock_books().models[MODEL]
+            .prefill_tps
+            .get();
         assert!(tps.is_some_and(|t| (t - 1000.0).abs() < 1.0), "{tps:?}");
     }
 
@@ -1135,8 +715,8 @@ mod tests {
         // Once node 0 takes 100 s a request, the move is sooner.
         for _ in 0..50 {
             r.fleet.nodes()[0]
+                .lock_books()
                 .models
-                .lock()
                 .get_mut(MODEL)
                 .unwrap()
                 .warm
@@ -1191,9 +771,9 @@ mod tests {
         let p = chat(&["a"]);
         {
             let _d = r.try_dispatch(&r.fleet.nodes()[0], &p).unwrap();
-            assert_eq!(r.fleet.nodes()[0].models.lock()[MODEL].in_flight, 1);
+            assert_eq!(r.fleet.nodes()[0].lock_books().models[MODEL].in_flight, 1);
         }
-        let models = r.fleet.nodes()[0].models.lock().clone();
+        let models = r.fleet.nodes()[0].lock_books().models.clone();
         assert_eq!(models.get(MODEL).map_or(0, |s| s.in_flight), 0);
     }
 
@@ -1266,7 +846,7 @@ mod tests {
         assert_eq!(queue, -12.0, "one running and one waiting");
         drop(_waiting);
         assert_eq!(r.waiting(), 0);
-        assert_eq!(node.models.lock()[MODEL].waiting, 0);
+        assert_eq!(node.lock_books().models[MODEL].waiting, 0);
     }
 
     /// Two empty 24 GB nodes with three 10 GB models on disk: each holds two of them.
@@ -1345,7 +925,7 @@ mod tests {
         let d = r.decide(&ask(&model, "later")).unwrap();
         let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
         assert!(c.resident && c.scores.model_loaded == 50.0);
-        assert!(node.models.lock()[&model].loading.is_none());
+        assert!(node.lock_books().models[&model].loading.is_none());
     }
 
     #[test]
@@ -1443,15 +1023,6 @@ mod tests {
             "with every node down, still better than a refusal"
         );
         assert!(d.ranked.iter().all(|c| c.standby));
-    }
-
-    #[test]
-    fn old_speed_history_counts_less() {
-        let now = Instant::now();
-        assert_eq!(freshness(None, now), 1.0);
-        assert_eq!(freshness(Some(now), now), 1.0);
-        let minute_ago = now - Duration::from_secs(60);
-        assert!((freshness(Some(minute_ago), now) - 0.5).abs() < 1e-9);
     }
 
     #[test]

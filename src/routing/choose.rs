@@ -1,0 +1,386 @@
+//! Choosing: the request's profile and a view of every node that has its model in,
+//! candidates ranked best first out. Pure: nothing here reads a lock or the clock, so a
+//! decision can be checked on node views built by hand ([`super::view`] takes the views).
+
+use std::time::{Duration, Instant};
+
+use super::placement;
+use super::score::{self, Scores};
+use super::signals::{self, Memory, RequestClass, Speed, Warmth};
+use super::stay;
+use super::view::NodeView;
+use super::{Candidate, RouteError};
+use crate::config::Weights;
+use crate::request::Profile;
+
+/// What a decision knows of the request beyond its profile.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    /// The model's size in memory, where any node knows it.
+    pub need: Option<u64>,
+    /// The node holding the conversation's warm prefix, or named by its session key.
+    pub warm_node: Option<u16>,
+    /// The node holding its warm prefix, for the move-or-wait comparison.
+    pub pin_node: Option<u16>,
+    /// The decision's instant, against which speed history ages.
+    pub now: Instant,
+}
+
+/// Scores every node in `views` for the request and ranks them best first: live nodes
+/// before standby ones, and among live ones a node where loading the model would unload
+/// a model in use after one where it would not. Ties break by the conversation, so that
+/// equal nodes share conversations evenly and a conversation meets the same node again.
+pub fn rank(
+    p: &Profile,
+    request: Request,
+    views: &[NodeView],
+    weights: &Weights,
+) -> Result<Vec<Candidate>, RouteError> {
+    let now = request.now;
+    let best = best_speed(views);
+    let class = RequestClass {
+        endpoint: p.endpoint.class(),
+        model: &p.model_key,
+        size: request.need.map(signals::size_class),
+    };
+    let mut ranked = Vec::with_capacity(views.len());
+    // Per candidate, in the same order: expected wait and cold prefill rate, where measured.
+    let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(views.len());
+    let mut too_large = false;
+    for view in views {
+        let state = &view.model;
+        // Running there, and waiting in corral for it.
+        let depth = state.in_flight + state.waiting;
+        let memory = Memory {
+            need: request.need,
+            total: view.memory_total,
+            used: view.footprint.used,
+        };
+        let Some(memory_fit) = signals::memory_fit(view.resident, memory, weights) else {
+            too_large = true;
+            continue;
+        };
+        let evicts_busy = !view.resident
+            && placement::evicts_busy(request.need, view.memory_total, &view.footprint);
+        let warmth = if request.warm_node == Some(view.node.id) {
+            Warmth::HoldsPrefix
+        } else if p.endpoint.generates() && state.new_conversation_displaces {
+            Warmth::WouldDisplace
+        } else {
+            Warmth::Free
+        };
+        let speed = Speed {
+            prefill: state.prefill_tps,
+            decode: state.decode_tps,
+        };
+        let w = weights;
+        let scores = Scores {
+            model_loaded: signals::model_loaded(view.resident, w),
+            memory_fit,
+            queue_depth: signals::queue_depth(depth, w),
+            latency: signals::latency(speed, best, w) * freshness(state.speed_at, now),
+            role_affinity: signals::role_affinity(&view.settings.roles, class, w),
+            availability: signals::availability(view.success_ratio, w),
+            context_fit: signals::context_fit(p.prompt_tokens, p.num_ctx, view.loaded_context, w),
+            session_affinity: signals::session_affinity(warmth, depth, w),
+        };
+        ranked.push(Candidate {
+            node: view.node.clone(),
+            scores,
+            resident: view.resident,
+            evicts_busy,
+            standby: view.standby,
+        });
+        let wait = state
+            .service_s
+            .map(|service| stay::expected_wait(depth, view.parallel, service));
+        timing.push((wait, state.cold_tps));
+    }
+    if let Some(pin_node) = request.pin_node.filter(|_| weights.move_cost > 0.0) {
+        let factor = weights.move_cost;
+        keep_warm_if_sooner(&mut ranked, &timing, pin_node, p.prompt_tokens, factor);
+    }
+    if ranked.is_empty() {
+        return Err(match (too_large, request.need) {
+            (true, Some(need)) => RouteError::TooLarge {
+                model: p.model.clone(),
+                need,
+            },
+            _ => RouteError::ModelNotFound(p.model.clone()),
+        });
+    }
+    score::rank(
+        &mut ranked,
+        |c| (c.scores.total(), c.node.name()),
+        p.conversation,
+    );
+    // Stable: standby nodes keep their order among themselves, after the others; and
+    // among live ones, a node where the load would unload a model in use comes last.
+    ranked.sort_by_key(|c| (c.standby, c.evicts_busy));
+    Ok(ranked)
+}
+
+/// The best learned speeds for the model among the nodes, the yardstick of the latency
+/// signal.
+fn best_speed(views: &[NodeView]) -> Speed {
+    let mut best = Speed::default();
+    for view in views {
+        best.prefill = max_opt(best.prefill, view.model.prefill_tps);
+        best.decode = max_opt(best.decode, view.model.decode_tps);
+    }
+    best
+}
+
+fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// When the conversation's warm node is outscored, keeps the follow-up there anyway if,
+/// counted in seconds, it would start there no later than a move to the best other node
+/// (see [`stay`]): the warm node's affinity score is raised just enough to lead. Needs
+/// measured service times and prefill rates; without them the signals decide alone, as
+/// in the README's worked example. Off unless `weights.move_cost` is set.
+fn keep_warm_if_sooner(
+    ranked: &mut [Candidate],
+    timing: &[(Option<f64>, Option<f64>)],
+    warm_node: u16,
+    prompt_tokens: u32,
+    factor: f64,
+) {
+    let Some(warm) = ranked.iter().position(|c| c.node.id == warm_node) else {
+        return;
+    };
+    let best_other = (0..ranked.len())
+        .filter(|&i| i != warm && !ranked[i].standby)
+        .max_by(|&a, &b| {
+            ranked[a]
+                .scores
+                .total()
+                .total_cmp(&ranked[b].scores.total())
+        });
+    let Some(other) = best_other else { return };
+    let gap = ranked[other].scores.total() - ranked[warm].scores.total();
+    if gap < 0.0 || ranked[warm].standby {
+        return;
+    }
+    let (Some(warm_wait), _) = timing[warm] else {
+        return;
+    };
+    let (Some(other_wait), Some(other_tps)) = timing[other] else {
+        return;
+    };
+    let Some(cost) = stay::move_cost(prompt_tokens, other_tps, factor) else {
+        return;
+    };
+    if stay::stays(warm_wait, other_wait, cost) {
+        ranked[warm].scores.session_affinity += gap + 1.0;
+    }
+}
+
+/// How much a node's speed history still counts: half after a minute without a new
+/// measurement. A slow node that lost all its traffic is thus tried again in time, rather
+/// than being judged for ever on old figures.
+fn freshness(measured: Option<Instant>, now: Instant) -> f64 {
+    const HALF_LIFE: Duration = Duration::from_secs(60);
+    measured.map_or(1.0, |t| {
+        0.5f64.powf(now.duration_since(t).as_secs_f64() / HALF_LIFE.as_secs_f64())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::Arc;
+
+    use crate::config::NodeConfig;
+    use crate::fleet::Node;
+    use crate::request::Endpoint;
+    use crate::routing::placement::Footprint;
+    use crate::routing::view::ModelView;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn chat(model: &str) -> Profile {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{ "role": "user", "content": "hello" }],
+        });
+        Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    }
+
+    /// An idle, healthy 24 GB node with the model resident and nothing learned yet.
+    fn view(id: u16, name: &str) -> NodeView {
+        let config = NodeConfig::new(name, &format!("http://127.0.0.1:{}", 9000 + id));
+        let settings = Arc::new(config.clone());
+        NodeView {
+            node: Arc::new(Node::new(id, config).unwrap()),
+            settings,
+            standby: false,
+            success_ratio: 1.0,
+            parallel: 1,
+            resident: true,
+            memory_total: Some(24 * GB),
+            footprint: Footprint {
+                used: 5 * GB,
+                idle: 5 * GB,
+            },
+            loaded_context: None,
+            model: ModelView::default(),
+        }
+    }
+
+    fn request(need: Option<u64>, warm_node: Option<u16>) -> Request {
+        Request {
+            need,
+            warm_node,
+            pin_node: warm_node,
+            now: Instant::now(),
+        }
+    }
+
+    fn names(ranked: &[Candidate]) -> Vec<&str> {
+        ranked.iter().map(|c| c.node.name()).collect()
+    }
+
+    #[test]
+    fn a_resident_model_beats_a_load_by_the_model_loaded_weight() {
+        let w = Weights::default();
+        let mut cold = view(0, "cold");
+        cold.resident = false;
+        cold.footprint = Footprint::default();
+        let warm = view(1, "warm");
+        let ranked = rank(&chat("m"), request(Some(5 * GB), None), &[cold, warm], &w).unwrap();
+        assert_eq!(names(&ranked), ["warm", "cold"]);
+        assert!(ranked[0].resident && !ranked[1].resident);
+        assert_eq!(ranked[0].scores.model_loaded, w.model_loaded);
+        assert_eq!(ranked[1].scores.model_loaded, 0.0);
+    }
+
+    #[test]
+    fn the_node_holding_the_prefix_leads_until_its_queue_outweighs_it() {
+        let w = Weights::default();
+        let p = chat("m");
+        let (warm, other) = (view(0, "warm"), view(1, "other"));
+        let ranked = rank(
+            &p,
+            request(None, Some(0)),
+            &[other.clone(), warm.clone()],
+            &w,
+        )
+        .unwrap();
+        assert_eq!(names(&ranked), ["warm", "other"]);
+        assert_eq!(ranked[0].scores.session_affinity, w.session_affinity);
+
+        // Four requests running there: the affinity bonus shrinks to a third and the queue
+        // costs four times its weight, so the idle node leads.
+        let mut busy = warm;
+        busy.model.in_flight = 4;
+        let ranked = rank(&p, request(None, Some(0)), &[busy, other], &w).unwrap();
+        assert_eq!(names(&ranked), ["other", "warm"]);
+        let warm_scores = &ranked[1].scores;
+        assert!((warm_scores.session_affinity - w.session_affinity / 3.0).abs() < 1e-9);
+        assert!((warm_scores.queue_depth + 4.0 * w.queue_depth).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_node_too_small_for_the_model_is_left_out_and_none_left_is_too_large() {
+        let w = Weights::default();
+        let mut small = view(0, "small");
+        small.resident = false;
+        small.memory_total = Some(8 * GB);
+        small.footprint = Footprint::default();
+        let mut big = view(1, "big");
+        big.resident = false;
+        big.footprint = Footprint::default();
+        let p = chat("m");
+        let need = Some(16 * GB);
+        let ranked = rank(&p, request(need, None), &[small.clone(), big], &w).unwrap();
+        assert_eq!(names(&ranked), ["big"]);
+        let refused = rank(&p, request(need, None), &[small], &w).err();
+        assert_eq!(
+            refused,
+            Some(RouteError::TooLarge {
+                model: "m".into(),
+                need: 16 * GB
+            })
+        );
+        let none = rank(&p, request(need, None), &[], &w).err();
+        assert_eq!(none, Some(RouteError::ModelNotFound("m".into())));
+    }
+
+    #[test]
+    fn standby_nodes_and_busy_evictions_rank_last_whatever_their_scores() {
+        let w = Weights::default();
+        let mut down = view(0, "down");
+        down.standby = true;
+        // Loading here would have to unload a model in use: 20 of 24 GB taken, none idle.
+        let mut crowded = view(1, "crowded");
+        crowded.resident = false;
+        crowded.footprint = Footprint {
+            used: 20 * GB,
+            idle: 0,
+        };
+        let mut fresh = view(2, "fresh");
+        fresh.resident = false;
+        fresh.footprint = Footprint::default();
+        // `down` has the best scores (resident), `crowded` and `fresh` tie on signals but
+        // `crowded`'s load would evict a busy model.
+        let views = [down, crowded, fresh];
+        let ranked = rank(&chat("m"), request(Some(8 * GB), None), &views, &w).unwrap();
+        assert_eq!(names(&ranked), ["fresh", "crowded", "down"]);
+        assert!(ranked[1].evicts_busy && ranked[2].standby);
+        assert!(ranked[2].scores.total() > ranked[0].scores.total());
+    }
+
+    #[test]
+    fn the_slower_node_pays_the_latency_penalty_measured_against_the_fastest() {
+        let w = Weights::default();
+        let now = Instant::now();
+        let mut fast = view(0, "fast");
+        fast.model.decode_tps = Some(60.0);
+        fast.model.prefill_tps = Some(3000.0);
+        fast.model.speed_at = Some(now);
+        let mut slow = view(1, "slow");
+        slow.model.decode_tps = Some(20.0);
+        slow.model.prefill_tps = Some(1000.0);
+        slow.model.speed_at = Some(now);
+        let mut r = request(None, None);
+        r.now = now;
+        let ranked = rank(&chat("m"), r, &[slow, fast], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "slow"]);
+        assert_eq!(ranked[0].scores.latency, 0.0);
+        assert!(ranked[1].scores.latency < 0.0);
+    }
+
+    #[test]
+    fn equal_nodes_split_conversations_and_a_conversation_keeps_its_node() {
+        let w = Weights::default();
+        let views: Vec<NodeView> = (0..3).map(|i| view(i, &format!("n{i}"))).collect();
+        let mut firsts = std::collections::HashSet::new();
+        for i in 0..30 {
+            let p = chat(&format!("model-{i}"));
+            let first = rank(&p, request(None, None), &views, &w).unwrap()[0]
+                .node
+                .id;
+            let again = rank(&p, request(None, None), &views, &w).unwrap()[0]
+                .node
+                .id;
+            assert_eq!(first, again);
+            firsts.insert(first);
+        }
+        assert_eq!(firsts.len(), 3, "ties spread over every node");
+    }
+
+    #[test]
+    fn old_speed_history_counts_less() {
+        let now = Instant::now();
+        assert_eq!(freshness(None, now), 1.0);
+        assert_eq!(freshness(Some(now), now), 1.0);
+        let minute_ago = now - Duration::from_secs(60);
+        assert!((freshness(Some(minute_ago), now) - 0.5).abs() < 1e-9);
+    }
+}

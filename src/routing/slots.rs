@@ -1,0 +1,152 @@
+//! corral's mirror of a node's slots: which slot the node gives a prompt, and whether a new
+//! conversation there would push a warm one out. Each runner's rule is its own: Ollama's old
+//! runner (`runner/ollamarunner/cache.go`) and llama-server (`tools/server/server-context.cpp`).
+
+use std::time::{Duration, Instant};
+
+use crate::config::NodeConfig;
+use crate::fleet::kind::{KindState, NodeKind};
+use crate::fleet::{ModelState, Slot};
+
+pub(super) fn is_warm(slot: &Slot, now: Instant, ttl: Duration) -> bool {
+    slot.lineage != 0 && slot.last_used.is_some_and(|t| now.duration_since(t) <= ttl)
+}
+
+/// How a node's runner chooses the slot of a prompt that continues none: Ollama's
+/// `OLLAMA_MULTIUSER_CACHE` setting (`nodes[].multiuser_cache`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SlotPolicy {
+    /// Ollama's default: the idle slot sharing the longest prefix with the prompt. Every
+    /// prompt shares its first tokens (BOS, the chat template) with any slot that holds
+    /// something, so that is the first idle slot holding a conversation, never an empty
+    /// one while such a slot is idle.
+    LongestPrefix,
+    /// Multi-user cache, and llama.cpp's server: an empty slot, else the least recently
+    /// used idle one.
+    LeastRecentlyUsed,
+}
+
+impl SlotPolicy {
+    /// The old Ollama runner without the multi-user cache takes the longest prefix;
+    /// llama-server (Ollama 0.30 and later, llama.cpp) an empty slot, else the least
+    /// recently used. A node of unknown kind is taken for current Ollama.
+    pub(super) fn of(kind: &KindState, settings: &NodeConfig) -> SlotPolicy {
+        let legacy = kind.kind == NodeKind::OllamaLegacy;
+        if legacy && !settings.multiuser_cache {
+            SlotPolicy::LongestPrefix
+        } else {
+            SlotPolicy::LeastRecentlyUsed
+        }
+    }
+}
+
+/// Whether a new conversation sent here would take the slot of a warm one.
+pub(super) fn displaces_warm(
+    state: &ModelState,
+    parallel: usize,
+    policy: SlotPolicy,
+    now: Instant,
+    ttl: Duration,
+) -> bool {
+    let warm = |s: &Slot| is_warm(s, now, ttl);
+    match policy {
+        // It takes an idle slot holding a conversation if there is one; with every slot
+        // busy, it will take the next to free, which holds the conversation just served.
+        SlotPolicy::LongestPrefix => {
+            let all_busy = state.slots.len() >= parallel && state.slots.iter().all(|s| s.busy > 0);
+            state
+                .slots
+                .iter()
+                .any(|s| warm(s) && (s.busy == 0 || all_busy))
+        }
+        SlotPolicy::LeastRecentlyUsed => {
+            state.slots.len() >= parallel && state.slots.iter().all(warm)
+        }
+    }
+}
+
+/// The slot the node gives a prompt that continues no conversation it holds.
+pub(super) fn choose_slot(
+    slots: &[Slot],
+    policy: SlotPolicy,
+    now: Instant,
+    ttl: Duration,
+) -> usize {
+    match policy {
+        SlotPolicy::LongestPrefix => {
+            // Any slot with content beats an empty one, whatever its age: the node keeps
+            // a slot's content until the model unloads (which the poller clears).
+            let first_idle = |holds: bool| {
+                slots
+                    .iter()
+                    .position(|s| s.busy == 0 && (s.lineage != 0) == holds)
+            };
+            return first_idle(true).or_else(|| first_idle(false)).unwrap_or(0);
+        }
+        SlotPolicy::LeastRecentlyUsed => {}
+    }
+    if let Some(i) = slots.iter().position(|s| !is_warm(s, now, ttl)) {
+        return i;
+    }
+    let lru = |idle_only: bool| {
+        slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !idle_only || s.busy == 0)
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(i, _)| i)
+    };
+    lru(true).or_else(|| lru(false)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn by_default_a_busy_slot_is_not_taken_and_content_beats_emptiness() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(300);
+        let slot = |lineage, busy| Slot {
+            lineage,
+            depth: 1,
+            last_used: Some(now),
+            busy,
+            tokens: 10,
+        };
+        let slots = [slot(0, 0), slot(7, 1), slot(8, 0), slot(9, 0)];
+        assert_eq!(choose_slot(&slots, SlotPolicy::LongestPrefix, now, ttl), 2);
+        assert_eq!(
+            choose_slot(&slots, SlotPolicy::LeastRecentlyUsed, now, ttl),
+            0
+        );
+        let all_busy_or_empty = [slot(7, 1), slot(0, 0)];
+        assert_eq!(
+            choose_slot(&all_busy_or_empty, SlotPolicy::LongestPrefix, now, ttl),
+            1
+        );
+
+        // Displacement by default: an idle slot holding a conversation; with every slot
+        // busy, the next to free; a busy slot beside an empty one, no.
+        let state = |slots: Vec<Slot>| ModelState {
+            slots,
+            ..Default::default()
+        };
+        let displaces = |slots: Vec<Slot>, policy| {
+            let n = slots.len();
+            displaces_warm(&state(slots), n, policy, now, ttl)
+        };
+        let by_default = SlotPolicy::LongestPrefix;
+        assert!(displaces(vec![slot(0, 0), slot(8, 0)], by_default));
+        assert!(displaces(vec![slot(7, 1)], by_default));
+        assert!(!displaces(vec![slot(7, 1), slot(0, 0)], by_default));
+        assert!(!displaces(
+            vec![slot(0, 0), slot(8, 0)],
+            SlotPolicy::LeastRecentlyUsed
+        ));
+        assert!(displaces(
+            vec![slot(7, 1), slot(8, 0)],
+            SlotPolicy::LeastRecentlyUsed
+        ));
+    }
+}

@@ -1,0 +1,215 @@
+//! What choosing reads of each node: a [`NodeView`] per node, taken at one instant under
+//! the node's lock, so that every signal of a decision sees the same state of the node.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::placement::{self, Footprint};
+use super::slots::{SlotPolicy, displaces_warm};
+use crate::config::NodeConfig;
+use crate::fleet::{Books, Inventory, ModelState, Node};
+
+/// One node as a decision sees it, for one model.
+#[derive(Clone)]
+pub struct NodeView {
+    /// The node itself, carried into its candidate: choosing reads only the fields below.
+    pub node: Arc<Node>,
+    pub settings: Arc<NodeConfig>,
+    /// Failing health checks or cut off by its breaker: a last resort only.
+    pub standby: bool,
+    /// Recent ratio of replies that were not failures.
+    pub success_ratio: f64,
+    /// Requests it runs at once per model.
+    pub parallel: usize,
+    /// The model is in its memory (or loading for a request corral sent), as believed.
+    pub resident: bool,
+    /// Its memory in bytes, where known, and what the models believed held take of it.
+    pub memory_total: Option<u64>,
+    pub footprint: Footprint,
+    /// The context length the model was loaded with there, where resident and reported.
+    pub loaded_context: Option<u32>,
+    pub model: ModelView,
+}
+
+impl NodeView {
+    /// Reads `node` for a request for `model`, or `None` when the node has been polled
+    /// and has no such model. `sizes` gives the memory of models the node's last poll
+    /// did not list.
+    pub(super) fn take(
+        node: &Arc<Node>,
+        model: &str,
+        standby: bool,
+        sizes: &mut ModelSizes,
+        now: Instant,
+        ttl: Duration,
+    ) -> Option<NodeView> {
+        let settings = node.settings();
+        let inv = node.inventory();
+        let resident_now = inv.resident.get(model);
+        if inv.polled_at.is_some() && resident_now.is_none() && !inv.on_disk.contains_key(model) {
+            return None;
+        }
+        let parallel = node.parallel();
+        let memory_total = settings.memory_bytes();
+        let (model_view, footprint, resident) = node.books(|books| {
+            let policy = SlotPolicy::of(&books.kind, &settings);
+            let view = ModelView::read(books, model, parallel, policy, now, ttl);
+            let (footprint, resident) =
+                node_memory(&books.models, &inv, memory_total, sizes, model);
+            (view, footprint, resident)
+        });
+        Some(NodeView {
+            node: node.clone(),
+            standby,
+            success_ratio: node.success_ratio(),
+            parallel,
+            resident,
+            memory_total,
+            footprint,
+            loaded_context: resident_now.and_then(|r| r.context_length),
+            model: model_view,
+            settings,
+        })
+    }
+}
+
+/// What choosing reads of the requested model's state on one node.
+#[derive(Clone, Debug, Default)]
+pub struct ModelView {
+    /// Requests running there.
+    pub in_flight: u32,
+    /// Requests waiting in corral for a slot there.
+    pub waiting: u32,
+    /// A new conversation here would push a warm one out of its slot.
+    pub new_conversation_displaces: bool,
+    /// Learned prompt and generation speeds, tokens per second, and when last measured.
+    pub prefill_tps: Option<f64>,
+    pub decode_tps: Option<f64>,
+    pub speed_at: Option<Instant>,
+    /// Seconds a request takes there, start to end, as measured.
+    pub service_s: Option<f64>,
+    /// Prompt tokens per second when nothing is cached.
+    pub cold_tps: Option<f64>,
+}
+
+impl ModelView {
+    fn read(
+        books: &Books,
+        model: &str,
+        parallel: usize,
+        policy: SlotPolicy,
+        now: Instant,
+        ttl: Duration,
+    ) -> ModelView {
+        let host_allowed = books.kind.host_cache != Some(false);
+        let Some(state) = books.models.get(model) else {
+            return ModelView::default();
+        };
+        // A conversation pushed out of a slot into a host cache that keeps it is not lost.
+        // A conversation pushed out of a slot into a host cache with room for it is not
+        // lost; where the cache is full, it pushes the oldest saved one out instead.
+        let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);
+        let host_keeps = host_allowed && state.warm.host.has_room(victim, parallel);
+        ModelView {
+            in_flight: state.in_flight,
+            waiting: state.waiting,
+            new_conversation_displaces: !host_keeps
+                && displaces_warm(state, parallel, policy, now, ttl),
+            prefill_tps: state.prefill_tps.get(),
+            decode_tps: state.decode_tps.get(),
+            speed_at: state.speed_at,
+            service_s: state.warm.service_s.get(),
+            cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
+        }
+    }
+}
+
+/// The model's size in memory where some node has it loaded, else its size on disk.
+pub(super) fn model_size(nodes: &[Arc<Node>], model: &str) -> Option<u64> {
+    let inventories: Vec<_> = nodes.iter().map(|n| n.inventory()).collect();
+    let loaded = inventories
+        .iter()
+        .filter_map(|inv| inv.resident.get(model).map(|r| r.size))
+        .max();
+    loaded.or_else(|| {
+        inventories
+            .iter()
+            .filter_map(|inv| inv.on_disk.get(model).copied())
+            .max()
+    })
+}
+
+/// Model sizes in memory, looked up once per decision.
+pub(super) struct ModelSizes<'n> {
+    nodes: &'n [Arc<Node>],
+    known: HashMap<String, Option<u64>>,
+}
+
+impl<'n> ModelSizes<'n> {
+    pub(super) fn new(nodes: &'n [Arc<Node>]) -> Self {
+        ModelSizes {
+            nodes,
+            known: HashMap::new(),
+        }
+    }
+
+    pub(super) fn of(&mut self, model: &str) -> Option<u64> {
+        if let Some(size) = self.known.get(model) {
+            return *size;
+        }
+        let size = model_size(self.nodes, model);
+        self.known.insert(model.to_string(), size);
+        size
+    }
+}
+
+/// What the node holds in memory as corral believes it now, and whether `model` is among
+/// it: what its last poll listed, what replies came from since, and what corral's own
+/// requests are loading there, counted only up to its memory ([`placement::believed`]).
+fn node_memory(
+    models: &HashMap<String, ModelState>,
+    inv: &Inventory,
+    total: Option<u64>,
+    sizes: &mut ModelSizes,
+    model: &str,
+) -> (placement::Footprint, bool) {
+    let mut held = Vec::with_capacity(inv.resident.len() + 1);
+    for (name, r) in &inv.resident {
+        let state = models.get(name);
+        let busy = state.is_some_and(|s| s.in_flight + s.waiting > 0);
+        let served = state.and_then(|s| s.last_success);
+        held.push(placement::Held {
+            model: name,
+            size: r.size,
+            certain: busy || state.is_some_and(|s| s.loading.is_some()),
+            seen: served.max(inv.polled_at),
+            busy,
+        });
+    }
+    for (name, state) in models.iter() {
+        if inv.resident.contains_key(name) {
+            continue;
+        }
+        let running = state.in_flight > 0 || state.loading.is_some();
+        let served_since_poll = match (state.last_success, inv.polled_at) {
+            (Some(served), Some(polled)) => served > polled,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if running || served_since_poll {
+            held.push(placement::Held {
+                model: name,
+                size: sizes.of(name).unwrap_or(0),
+                certain: running,
+                seen: state.last_success,
+                busy: state.in_flight + state.waiting > 0,
+            });
+        }
+    }
+    // The node demonstrably holds what its last poll listed, even beyond a `memory_gb` set
+    // too low: only later signs are weighed against its memory.
+    let polled: u64 = inv.resident.values().map(|r| r.size).sum();
+    let believed = placement::believed(total.map(|t| t.max(polled)), held);
+    (believed.footprint, believed.holds(model))
+}
