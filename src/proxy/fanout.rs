@@ -198,9 +198,8 @@ pub async fn serve(
     let (body, usage) = match merged {
         Ok(merged) => merged,
         Err(message) => {
-            ctx.status = 502;
             let retries = [("X-Fleet-Retries", shared.failures.len().to_string())];
-            return super::respond::error(session, 502, &message, &retries).await;
+            return super::respond::refuse(session, ctx, 502, &message, &retries).await;
         }
     };
     forwarder.book_usage(&ctx.client, &label, usage);

@@ -458,12 +458,11 @@ struct Attempt<'a> {
 /// Every node tried failed before replying.
 async fn fail(session: &mut Session, ctx: &mut RequestCtx, failures: &[Failure]) -> Result<()> {
     let (status, message) = failure_reply(failures);
-    ctx.status = status;
     let retries = [(
         "X-Fleet-Retries",
         failures.len().saturating_sub(1).to_string(),
     )];
-    super::respond::error(session, status, &message, &retries).await
+    super::respond::refuse(session, ctx, status, &message, &retries).await
 }
 
 /// The status and message when every node tried failed: 504 when the last one timed out,
@@ -496,9 +495,8 @@ async fn busy(
     message: &str,
     config: &Config,
 ) -> Result<()> {
-    ctx.status = 503;
     let retry_after = [("Retry-After", retry_after(config).to_string())];
-    super::respond::error(session, 503, message, &retry_after).await
+    super::respond::refuse(session, ctx, 503, message, &retry_after).await
 }
 
 fn retry_after(config: &Config) -> u64 {
@@ -514,10 +512,7 @@ async fn refuse(
 ) -> Result<()> {
     match e.status() {
         503 => busy(session, ctx, &e.to_string(), config).await,
-        status => {
-            ctx.status = status;
-            super::respond::error(session, status, &e.to_string(), &[]).await
-        }
+        status => super::respond::refuse(session, ctx, status, &e.to_string(), &[]).await,
     }
 }
 

@@ -101,10 +101,9 @@ impl Corral {
         let config = self.router.config();
         // `GET /` stays open: clients and load balancers probe it to see a server is up.
         if route != Route::Root && !access::client_allowed(&config, session.req_header()) {
-            ctx.status = 401;
             let challenge = [("WWW-Authenticate", "Bearer".to_string())];
             let message = "a valid API key is required: Authorization: Bearer <key>";
-            return respond::error(session, 401, message, &challenge).await;
+            return respond::refuse(session, ctx, 401, message, &challenge).await;
         }
         ctx.client = access::client_name(&config, session.req_header());
         let fleet = &self.router.fleet;
@@ -178,16 +177,14 @@ impl Corral {
     ) -> Result<()> {
         let path = session.req_header().uri.path().to_string();
         if !config.management.enabled {
-            ctx.status = 403;
             let message = format!(
                 "{path} is disabled: it changes one node; enable management in corral's config, or run it against the node directly"
             );
-            return respond::error(session, 403, &message, &[]).await;
+            return respond::refuse(session, ctx, 403, &message, &[]).await;
         }
         if !access::admin_allowed(config, session.req_header()) {
-            ctx.status = 401;
             let message = "management calls need the admin token in X-Fleet-Admin-Token";
-            return respond::error(session, 401, message, &[]).await;
+            return respond::refuse(session, ctx, 401, message, &[]).await;
         }
         let nodes = self.router.fleet.nodes();
         let target = session
@@ -198,10 +195,9 @@ impl Corral {
             .and_then(|name| nodes.iter().find(|n| n.name() == name))
             .cloned();
         let Some(node) = target else {
-            ctx.status = 400;
             let names: Vec<&str> = nodes.iter().map(|n| n.name()).collect();
             let message = format!("X-Fleet-Target must name one node: {}", names.join(", "));
-            return respond::error(session, 400, &message, &[]).await;
+            return respond::refuse(session, ctx, 400, &message, &[]).await;
         };
         let body = match body::read(
             session,
@@ -260,11 +256,16 @@ impl Corral {
             Err(limit) => {
                 // The body is left unread: the connection cannot be reused.
                 session.set_keepalive(None);
-                ctx.status = 429;
                 let message =
                     format!("this client already has {limit} requests in flight or waiting");
-                return respond::error(session, 429, &message, &[("Retry-After", "1".into())])
-                    .await;
+                return respond::refuse(
+                    session,
+                    ctx,
+                    429,
+                    &message,
+                    &[("Retry-After", "1".into())],
+                )
+                .await;
             }
         };
         let limit = config.limits.max_body_bytes;
@@ -280,8 +281,7 @@ impl Corral {
         let mut profile = match parsed {
             Ok(p) => p,
             Err(message) => {
-                ctx.status = 400;
-                return respond::error(session, 400, &message, &[]).await;
+                return respond::refuse(session, ctx, 400, &message, &[]).await;
             }
         };
         if profile.session.is_none() {
@@ -313,8 +313,7 @@ async fn refuse_body(
     e: body::BodyError,
 ) -> Result<()> {
     session.set_keepalive(None);
-    ctx.status = e.status();
-    let answered = respond::error(session, e.status(), &e.to_string(), &[]).await;
+    let answered = respond::refuse(session, ctx, e.status(), &e.to_string(), &[]).await;
     if matches!(e, body::BodyError::TooLarge { .. }) {
         body::drain(session, BODY_DRAIN_TIME, BODY_DRAIN_BYTES).await;
     }

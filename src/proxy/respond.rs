@@ -47,6 +47,19 @@ pub async fn json(session: &mut Session, status: u16, value: &serde_json::Value)
 
 /// An error with the given status, in the shape the path's API answers errors with
 /// (`{"error": "..."}` on Ollama's own paths).
+/// Answers with a JSON error ([`error`]) and records its status for the access log and
+/// the metrics.
+pub async fn refuse(
+    session: &mut Session,
+    ctx: &mut super::RequestCtx,
+    status: u16,
+    message: &str,
+    extra: &[(&'static str, String)],
+) -> Result<()> {
+    ctx.status = status;
+    error(session, status, message, extra).await
+}
+
 pub async fn error(
     session: &mut Session,
     status: u16,
