@@ -147,8 +147,6 @@ pub struct Node {
     inventory: ArcSwap<Inventory>,
     /// What corral keeps about the node while requests run: see [`Books`].
     books: Mutex<Books>,
-    /// Recent ratio of replies that were not failures (1.0 = all good).
-    success: Mutex<SuccessRatio>,
     /// Whether it answers: one view fed by checks, polls and requests.
     health: Mutex<Health>,
     /// Whether it admitted requests when waiting requests were last told (see
@@ -164,10 +162,13 @@ pub struct Node {
 
 /// What corral keeps about a node while requests run, kept together under one lock so
 /// that a decision reads one consistent state of the node: its models' requests, slots,
-/// speeds and cache mirror, the kind of server it is, and the models seen evicted.
+/// speeds and cache mirror, its recent success ratio, the kind of server it is, and the
+/// models seen evicted.
 #[derive(Debug, Default)]
 pub struct Books {
     pub models: HashMap<String, ModelState>,
+    /// Recent ratio of replies that were not failures (1.0 = all good).
+    pub success: SuccessRatio,
     /// What kind of server it is, as configured or detected.
     pub kind: KindState,
     /// Models seen leaving the node's memory to make room for another, per model.
@@ -244,7 +245,6 @@ impl Node {
             resolved: ArcSwapOption::empty(),
             inventory: ArcSwap::from_pointee(Inventory::default()),
             books: Mutex::new(books),
-            success: Mutex::new(SuccessRatio::new()),
             health: Mutex::new(Health::default()),
             announced: AtomicBool::new(true),
             ca,
@@ -329,7 +329,7 @@ impl Node {
     }
 
     pub fn success_ratio(&self) -> f64 {
-        self.success.lock().get(Instant::now())
+        self.books.lock().success.get(Instant::now())
     }
 
     /// Where the node stands now.
@@ -349,8 +349,8 @@ impl Node {
         // The success ratio is of replies: a failed request reports `Failed` once, besides
         // the `Refused` its connection may have shown.
         match evidence {
-            Evidence::Served => self.success.lock().record(true, now),
-            Evidence::Failed => self.success.lock().record(false, now),
+            Evidence::Served => self.books.lock().success.record(true, now),
+            Evidence::Failed => self.books.lock().success.record(false, now),
             _ => {}
         }
         self.health.lock().record(evidence, now, rules);

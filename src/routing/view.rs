@@ -52,17 +52,17 @@ impl NodeView {
         }
         let parallel = node.parallel();
         let memory_total = settings.memory_bytes();
-        let (model_view, footprint, resident) = node.books(|books| {
+        let (model_view, footprint, resident, success_ratio) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
             let view = ModelView::read(books, model, parallel, policy, now, ttl);
             let (footprint, resident) =
                 node_memory(&books.models, &inv, memory_total, sizes, model);
-            (view, footprint, resident)
+            (view, footprint, resident, books.success.get(now))
         });
         Some(NodeView {
             node: node.clone(),
             standby,
-            success_ratio: node.success_ratio(),
+            success_ratio,
             parallel,
             resident,
             memory_total,
