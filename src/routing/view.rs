@@ -213,3 +213,75 @@ fn node_memory(
     let believed = placement::believed(total.map(|t| t.max(polled)), held);
     (believed.footprint, believed.holds(model))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::Resident;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn node_holding(resident: &[(&str, u64)], on_disk: &[&str]) -> Arc<Node> {
+        let mut config = NodeConfig::new("n", "http://127.0.0.1:9");
+        config.memory_gb = Some(24.0);
+        let node = Arc::new(Node::new(0, config).unwrap());
+        let mut inv = Inventory {
+            polled_at: Some(Instant::now()),
+            ..Default::default()
+        };
+        for (model, size) in resident {
+            let r = Resident {
+                size: *size,
+                context_length: Some(4096),
+                expires_at: None,
+            };
+            inv.resident.insert(model.to_string(), r);
+            inv.on_disk.insert(model.to_string(), *size);
+        }
+        for model in on_disk {
+            inv.on_disk.insert(model.to_string(), 4 * GB);
+        }
+        node.update_inventory(inv);
+        node
+    }
+
+    fn take(node: &Arc<Node>, model: &str) -> Option<NodeView> {
+        let nodes = [node.clone()];
+        let mut sizes = ModelSizes::new(&nodes);
+        let ttl = Duration::from_secs(300);
+        NodeView::take(node, model, false, &mut sizes, Instant::now(), ttl)
+    }
+
+    #[test]
+    fn a_polled_node_without_the_model_gives_no_view() {
+        let node = node_holding(&[("a", 5 * GB)], &["b"]);
+        assert!(take(&node, "c").is_none());
+        let on_disk = take(&node, "b").unwrap();
+        assert!(!on_disk.resident);
+        assert_eq!(on_disk.footprint.used, 5 * GB);
+        assert_eq!(on_disk.loaded_context, None);
+        let loaded = take(&node, "a").unwrap();
+        assert!(loaded.resident);
+        assert_eq!(loaded.loaded_context, Some(4096));
+        assert_eq!(loaded.memory_total, Some(24 * GB));
+    }
+
+    #[test]
+    fn the_view_carries_the_books_of_the_requested_model() {
+        let node = node_holding(&[("a", 5 * GB), ("b", 6 * GB)], &[]);
+        node.books(|books| {
+            let a = books.models.entry("a".into()).or_default();
+            a.in_flight = 2;
+            a.waiting = 1;
+            a.decode_tps.record(40.0);
+        });
+        let view = take(&node, "a").unwrap();
+        assert_eq!((view.model.in_flight, view.model.waiting), (2, 1));
+        assert_eq!(view.model.decode_tps, Some(40.0));
+        // Both models are held; only "b" is idle, and so evictable at once.
+        assert_eq!(view.footprint.used, 11 * GB);
+        assert_eq!(view.footprint.idle, 6 * GB);
+        let other = take(&node, "b").unwrap();
+        assert_eq!(other.model.in_flight, 0);
+    }
+}
