@@ -190,3 +190,59 @@ async fn graceful_upgrade_hands_the_listener_to_a_new_process() {
     let _ = new.kill();
     let _ = new.wait();
 }
+
+/// A request keeps the configuration it arrived under for its whole life: one that waits
+/// for a slot across a reload keeps its own `queue.max_wait`, while a request that arrives
+/// after the reload gets the new one.
+#[tokio::test]
+async fn a_request_waiting_across_a_reload_keeps_the_config_it_arrived_under() {
+    let mut a_cfg = fast_node("a");
+    a_cfg.decode_per_token = Duration::from_millis(20);
+    let a = start(a_cfg).await;
+    // A node without the requests' model: adding it is a visible sign of the reload that
+    // gives none of them anywhere else to go.
+    let mut b_cfg = fast_node("b");
+    b_cfg.models = vec![model("phi3:mini", 2.3)];
+    b_cfg.preload = vec!["phi3:mini".into()];
+    let b = start(b_cfg).await;
+    let patient = "queue:\n  max_wait: 20s\n";
+    let router = Router::start(vec![NodeSpec::of(&a, 1)], patient).await;
+
+    // a's one slot is busy for about 3 s (150 tokens at 20 ms).
+    let busy = hold(&router, "a long answer", 150).await;
+    let waiting = {
+        let url = format!("{}/api/chat", router.url());
+        let body = chat_body(&["waits for the slot".to_string()], false);
+        tokio::spawn(async move { client().post(url).json(&body).send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let impatient = "queue:\n  max_wait: 100ms\n";
+    router.rewrite_config(&[NodeSpec::of(&a, 1), NodeSpec::of(&b, 1)], impatient);
+    router.signal("HUP");
+    eventually("the reload is in force (b's model is listed)", async || {
+        model_names(&router)
+            .await
+            .contains(&"phi3:mini".to_string())
+    })
+    .await;
+
+    // Arriving now, under the new config: a's slot is still busy, and 100 ms is all it waits.
+    let late = post_chat(&router, &chat_body(&["arrives late".to_string()], false)).await;
+    assert_eq!(
+        late.status(),
+        503,
+        "the new max_wait applies to new requests"
+    );
+
+    // The request that arrived before the reload waited under its own 20 s, and was served
+    // once the slot freed.
+    assert!(completed(busy).await);
+    let served = waiting.await.unwrap().expect("reply");
+    assert_eq!(
+        served.status(),
+        200,
+        "it kept the max_wait it arrived under"
+    );
+    assert_eq!(header(&served, "x-fleet-node"), "a");
+}
