@@ -111,6 +111,8 @@ pub struct ModelState {
     pub in_flight: u32,
     /// Requests waiting in corral for a slot here, this node being their best choice.
     pub waiting: u32,
+    /// Of the requests in flight, those whose reply has begun: the node runs them at once.
+    pub streaming: u32,
     pub slots: Vec<Slot>,
     /// Time to the reply's first byte, in milliseconds.
     pub ttfb_ms: Ewma,

@@ -555,6 +555,7 @@ impl Forwarder {
             match race(session, reply.idle, upstream.read_body_bytes()).await {
                 Wait::Done(Ok(Some(chunk))) => {
                     if ttfb.is_none() {
+                        dispatch.first_byte();
                         let t = reply.started.elapsed();
                         self.metrics
                             .ttft
@@ -687,7 +688,11 @@ fn pick<'d>(
             None => return Pick::Exhausted,
         },
     };
-    match router.try_send(best, profile) {
+    // Rather than wait for the best node, probe whether it runs more requests at once.
+    match router
+        .try_send(best, profile)
+        .or_else(|| router.try_probe(best, profile))
+    {
         Some(dispatch) => Pick::Send(best, dispatch),
         None => Pick::Wait(best),
     }

@@ -5,6 +5,7 @@
 
 mod affinity;
 mod book;
+pub mod parallel;
 pub mod placement;
 pub mod score;
 pub mod signals;
@@ -42,6 +43,10 @@ pub struct Router {
     /// Held from a decision until its request is counted on its node (and any load it
     /// starts reserved), so that decisions made at the same instant see each other's loads.
     placement: parking_lot::Mutex<()>,
+    /// The usual pause between a conversation's turns: how long one counts as live.
+    pub turn_gaps: placement::TurnGaps,
+    /// Probes of how many requests each node runs at once ([`parallel`]).
+    probes: parallel::Probes,
 }
 
 /// The node holding a request's longest warm prefix.
@@ -195,6 +200,8 @@ impl Router {
             next_lineage: AtomicU64::new(1),
             waiting: AtomicUsize::new(0),
             placement: parking_lot::Mutex::new(()),
+            turn_gaps: placement::TurnGaps::default(),
+            probes: parallel::Probes::default(),
         }
     }
 
@@ -274,6 +281,10 @@ impl Router {
         let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(nodes.len());
         let mut too_large = false;
         let mut sizes = ModelSizes::new(&nodes);
+        // Per candidate, in the same order: whether its slots for the model are full of
+        // live conversations (where resident), and whether the model fits its free memory.
+        let mut homes: Vec<(Option<bool>, bool)> = Vec::with_capacity(nodes.len());
+        let live = self.turn_gaps.live_window(self.ttl());
         for node in nodes.iter() {
             let settings = node.settings();
             let inv = node.inventory();
@@ -283,7 +294,8 @@ impl Router {
                 continue;
             }
             let policy = SlotPolicy::of(node, &settings);
-            let state = NodeModelView::read(node, model, node.parallel(), policy, now, self.ttl());
+            let state =
+                NodeModelView::read(node, model, node.parallel(), policy, now, self.ttl(), live);
             // Running here, and waiting in corral for this node.
             let depth = state.in_flight + state.waiting;
             let total = settings.memory_bytes();
@@ -294,10 +306,15 @@ impl Router {
                 used: footprint.used,
             };
             let w = &config.weights;
-            let Some(memory_fit) = signals::memory_fit(resident, memory, w) else {
+            let Some(mut memory_fit) = signals::memory_fit(resident, memory, w) else {
                 too_large = true;
                 continue;
             };
+            let fits_free = placement::fits_free(need, total, footprint.used);
+            if !(resident || fits_free) && need.is_some() && total.is_some() {
+                let idle = idle_models_use(&nodes, node, &inv);
+                memory_fit = placement::weigh_victims(memory_fit, placement::victim_use(idle));
+            }
             let evicts_busy = !resident && placement::evicts_busy(need, total, &footprint);
             let warmth = if pinned_node == Some(node.id) {
                 Warmth::HoldsPrefix
@@ -332,10 +349,17 @@ impl Router {
                 evicts_busy,
                 standby: standby(node),
             });
+            // Full only once its slots are known: the number corral believes may be a lower
+            // bound, to be probed rather than worked around with another load.
+            let full = state.full && self.probes.settled(node.id, node.parallel());
+            homes.push((resident.then_some(full), fits_free));
             let wait = state
                 .service_s
                 .map(|service| stay::expected_wait(depth, node.parallel(), service));
             timing.push((wait, state.cold_tps));
+        }
+        if pinned_node.is_none() && p.endpoint.generates() {
+            open_second_home(&mut ranked, &homes, config.weights.model_loaded);
         }
         if let Some(pin) = pin.filter(|_| config.weights.move_cost > 0.0) {
             let factor = config.weights.move_cost;
@@ -481,6 +505,43 @@ fn keep_warm_if_sooner(
     }
 }
 
+/// A conversation no node holds warm, for a model whose every home has its slots full of
+/// live conversations: nodes where the model fits in free memory score as if it were loaded
+/// there ([`placement::second_home`]), so the model gains a home without evicting anything
+/// rather than push a live conversation out of its slot.
+fn open_second_home(ranked: &mut [Candidate], homes: &[(Option<bool>, bool)], model_loaded: f64) {
+    let live = ranked.iter().zip(homes).filter(|(c, _)| !c.standby);
+    let full = placement::homes_full(live.filter_map(|(_, (full, _))| *full));
+    for (c, (_, fits_free)) in ranked.iter_mut().zip(homes) {
+        if !c.resident && !c.standby {
+            c.scores.model_loaded = placement::second_home(full, *fits_free, model_loaded);
+        }
+    }
+}
+
+/// The use fleet-wide ([`placement::victim_use`]) of each model `node`'s last poll listed
+/// that no request runs or waits for there: what a load there may evict.
+fn idle_models_use(nodes: &[Arc<Node>], node: &Node, inv: &Inventory) -> Vec<u32> {
+    let idle: Vec<&str> = {
+        let models = node.models.lock();
+        let busy = |m: &str| models.get(m).is_some_and(|s| s.in_flight + s.waiting > 0);
+        inv.resident
+            .keys()
+            .map(String::as_str)
+            .filter(|m| !busy(m))
+            .collect()
+    };
+    idle.iter()
+        .map(|model| {
+            let requests = |n: &Arc<Node>| {
+                let models = n.models.lock();
+                models.get(*model).map_or(0, |s| s.in_flight + s.waiting)
+            };
+            nodes.iter().map(requests).sum()
+        })
+        .collect()
+}
+
 /// What scoring reads of one model's state on one node, copied out under the lock without
 /// allocating.
 #[derive(Default)]
@@ -494,6 +555,8 @@ struct NodeModelView {
     speed_at: Option<Instant>,
     service_s: Option<f64>,
     cold_tps: Option<f64>,
+    /// Every slot holds a live conversation ([`placement::slots_full`]).
+    full: bool,
 }
 
 impl NodeModelView {
@@ -504,6 +567,7 @@ impl NodeModelView {
         policy: SlotPolicy,
         now: Instant,
         ttl: Duration,
+        live: Duration,
     ) -> NodeModelView {
         let host_allowed = node.kind.lock().host_cache != Some(false);
         let models = node.models.lock();
@@ -525,6 +589,7 @@ impl NodeModelView {
             speed_at: state.speed_at,
             service_s: state.warm.service_s.get(),
             cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
+            full: placement::slots_full(&state.slots, parallel, now, live),
         }
     }
 }
