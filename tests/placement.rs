@@ -118,3 +118,105 @@ async fn a_reply_that_loaded_a_model_makes_corral_read_the_nodes_residency_again
         "{text}"
     );
 }
+
+/// Sends a chat for `model` whose reply streams, and returns the stream once its first
+/// chunk came, with the time it came.
+async fn open_stream(
+    router_url: &str,
+    model: &str,
+    text: &str,
+) -> (
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>,
+    std::time::Instant,
+) {
+    use futures::StreamExt;
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{ "role": "user", "content": text }],
+        "stream": true,
+    });
+    let resp = client()
+        .post(format!("{router_url}/api/chat"))
+        .json(&body)
+        .send()
+        .await
+        .expect("a reply");
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let first = stream
+        .next()
+        .await
+        .expect("a first chunk")
+        .expect("readable");
+    assert!(!first.is_empty());
+    (stream, std::time::Instant::now())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_told_to_run_one_request_that_runs_two_gets_two_at_once() {
+    use futures::StreamExt;
+    // The node runs two requests at once; corral is told one (the default).
+    let mut cfg = empty_node("two", 24, &[("x:1", 4.7)]);
+    cfg.preload = vec!["x:1".into()];
+    cfg.num_parallel = 2;
+    cfg.decode_per_token = Duration::from_millis(20);
+    cfg.reply_tokens = 40;
+    let node = start(cfg).await;
+    let router = Router::start(vec![NodeSpec::of(&node, 1)], "").await;
+
+    let (mut first, _) = open_stream(&router.url(), "x:1", "conversation one").await;
+    // Read to its end as it comes, noting when its last chunk came.
+    let first_ended = tokio::spawn(async move {
+        let mut last = std::time::Instant::now();
+        while let Some(chunk) = first.next().await {
+            chunk.expect("readable");
+            last = std::time::Instant::now();
+        }
+        last
+    });
+    // Sent while the first streams: rather than wait in corral, it probes the node.
+    let (second, second_began) = open_stream(&router.url(), "x:1", "conversation two").await;
+    let first_ended = first_ended.await.expect("the reading task ran");
+    assert!(
+        second_began < first_ended,
+        "the second reply began only after the first ended: corral held it back"
+    );
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_node_is_full_of_live_conversations_gains_a_second_home_without_eviction() {
+    // The small node holds only x; the big one has room for x beside y.
+    let slow = |mut cfg: StandinConfig| {
+        cfg.num_parallel = 2;
+        cfg.decode_per_token = Duration::from_millis(20);
+        cfg.reply_tokens = 20;
+        cfg
+    };
+    let small = start(slow(empty_node("small", 8, &[("x:1", 4.7)]))).await;
+    let big = start(slow(empty_node("big", 24, &[("x:1", 4.7), ("y:1", 16.0)]))).await;
+    let nodes = vec![
+        NodeSpec::of(&small, 2).memory((8 * GIB) as f64 / 1e9),
+        NodeSpec::of(&big, 2).memory((24 * GIB) as f64 / 1e9),
+    ];
+    let router = Router::start(nodes, "").await;
+
+    // Three conversations at once: x goes to the node it fits best, the third is sent
+    // there too (a probe, which the node queues: its two slots are all it has).
+    let asks = (0..3).map(|i| {
+        let url = router.url();
+        tokio::spawn(ask(url, "x:1".into(), format!("conversation {i}")))
+    });
+    for answered in futures::future::join_all(asks).await {
+        assert_eq!(answered.expect("the request task ran"), "small");
+    }
+    // Both of small's slots now hold a live conversation: a new one would push one out.
+    let fourth = ask(router.url(), "x:1".into(), "conversation 3".into()).await;
+    assert_eq!(
+        fourth, "big",
+        "x gains a second home where it fits in free memory"
+    );
+    let (s, b) = (small.churn(), big.churn());
+    assert_eq!((s.loads, b.loads), (1, 1), "{s:?} {b:?}");
+    assert_eq!(s.evictions + b.evictions, 0, "{s:?} {b:?}");
+}

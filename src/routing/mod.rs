@@ -24,7 +24,7 @@ pub use book::{Dispatch, Observation, Outcome, WaitTicket};
 pub use score::Scores;
 use signals::{Memory, RequestClass, Speed, Warmth};
 
-use crate::config::{Config, NodeConfig};
+use crate::config::{Config, NodeConfig, Weights};
 use crate::fleet::kind::NodeKind;
 use crate::fleet::{Fleet, Inventory, Listener, ModelState, Node, Slot};
 use crate::request::Profile;
@@ -281,9 +281,8 @@ impl Router {
         let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(nodes.len());
         let mut too_large = false;
         let mut sizes = ModelSizes::new(&nodes);
-        // Per candidate, in the same order: whether its slots for the model are full of
-        // live conversations (where resident), and whether the model fits its free memory.
-        let mut homes: Vec<(Option<bool>, bool)> = Vec::with_capacity(nodes.len());
+        // Per candidate, in the same order: what a second home for the model needs to know.
+        let mut homes: Vec<Home> = Vec::with_capacity(nodes.len());
         let live = self.turn_gaps.live_window(self.ttl());
         for node in nodes.iter() {
             let settings = node.settings();
@@ -352,14 +351,18 @@ impl Router {
             // Full only once its slots are known: the number corral believes may be a lower
             // bound, to be probed rather than worked around with another load.
             let full = state.full && self.probes.settled(node.id, node.parallel());
-            homes.push((resident.then_some(full), fits_free));
+            homes.push(Home {
+                full: resident.then_some(full),
+                fits_free,
+                context: resident_now.and_then(|r| r.context_length),
+            });
             let wait = state
                 .service_s
                 .map(|service| stay::expected_wait(depth, node.parallel(), service));
             timing.push((wait, state.cold_tps));
         }
         if pinned_node.is_none() && p.endpoint.generates() {
-            open_second_home(&mut ranked, &homes, config.weights.model_loaded);
+            open_second_home(&mut ranked, &homes, p, &config.weights);
         }
         if let Some(pin) = pin.filter(|_| config.weights.move_cost > 0.0) {
             let factor = config.weights.move_cost;
@@ -505,17 +508,32 @@ fn keep_warm_if_sooner(
     }
 }
 
+/// One candidate as a home for the request's model.
+struct Home {
+    /// Where the model is resident: whether its slots are full of live conversations.
+    full: Option<bool>,
+    /// The model fits in the node's free memory.
+    fits_free: bool,
+    /// The context the model is loaded with there.
+    context: Option<u32>,
+}
+
 /// A conversation no node holds warm, for a model whose every home has its slots full of
 /// live conversations: nodes where the model fits in free memory score as if it were loaded
-/// there ([`placement::second_home`]), so the model gains a home without evicting anything
-/// rather than push a live conversation out of its slot.
-fn open_second_home(ranked: &mut [Candidate], homes: &[(Option<bool>, bool)], model_loaded: f64) {
+/// there ([`placement::second_home`]), with the context it is loaded with at home, so the
+/// model gains a home without evicting anything rather than push a live conversation out
+/// of its slot.
+fn open_second_home(ranked: &mut [Candidate], homes: &[Home], p: &Profile, w: &Weights) {
     let live = ranked.iter().zip(homes).filter(|(c, _)| !c.standby);
-    let full = placement::homes_full(live.filter_map(|(_, (full, _))| *full));
-    for (c, (_, fits_free)) in ranked.iter_mut().zip(homes) {
-        if !c.resident && !c.standby {
-            c.scores.model_loaded = placement::second_home(full, *fits_free, model_loaded);
+    let full = placement::homes_full(live.filter_map(|(_, h)| h.full));
+    let context = homes.iter().find_map(|h| h.full.and(h.context));
+    for (c, home) in ranked.iter_mut().zip(homes) {
+        let bonus = placement::second_home(full, home.fits_free, w.model_loaded);
+        if c.resident || c.standby || bonus == 0.0 {
+            continue;
         }
+        c.scores.model_loaded = bonus;
+        c.scores.context_fit = signals::context_fit(p.prompt_tokens, p.num_ctx, context, w);
     }
 }
 

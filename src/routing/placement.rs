@@ -232,4 +232,74 @@ mod tests {
         assert!(!evicts_busy(None, total, f));
         assert!(!evicts_busy(Some(9 * GB), None, f));
     }
+
+    fn slot(lineage: u64, busy: u32, used_ago_ms: u64, now: Instant) -> Slot {
+        Slot {
+            lineage,
+            busy,
+            last_used: Some(now - Duration::from_millis(used_ago_ms)),
+            ..Slot::default()
+        }
+    }
+
+    #[test]
+    fn slots_are_full_when_every_one_holds_a_live_conversation() {
+        let now = Instant::now();
+        let live = Duration::from_millis(500);
+        let two_live = [slot(1, 0, 100, now), slot(2, 1, 5_000, now)];
+        assert!(
+            slots_full(&two_live, 2, now, live),
+            "idle but recent, and busy"
+        );
+        let one_stale = [slot(1, 0, 100, now), slot(2, 0, 5_000, now)];
+        assert!(
+            !slots_full(&one_stale, 2, now, live),
+            "that conversation is over"
+        );
+        let one_empty = [slot(1, 1, 0, now), Slot::default()];
+        assert!(!slots_full(&one_empty, 2, now, live));
+        assert!(
+            !slots_full(&two_live[..1], 2, now, live),
+            "a slot never used"
+        );
+        assert!(slots_full(&two_live[..1], 1, now, live));
+    }
+
+    #[test]
+    fn a_second_home_only_where_the_model_fits_free_memory_and_every_home_is_full() {
+        let (total, w) = (Some(24 * GB), 50.0);
+        assert!(fits_free(Some(5 * GB), total, 16 * GB));
+        assert!(!fits_free(Some(13 * GB), total, 16 * GB), "it would evict");
+        assert!(!fits_free(None, total, 0), "size unknown");
+        assert!(!fits_free(Some(5 * GB), None, 0), "memory unknown");
+
+        assert!(homes_full([true, true]));
+        assert!(!homes_full([true, false]), "a home has a free slot");
+        assert!(!homes_full([]), "resident nowhere: plain placement");
+
+        assert_eq!(second_home(true, true, w), w);
+        assert_eq!(second_home(true, false, w), 0.0);
+        assert_eq!(second_home(false, true, w), 0.0);
+    }
+
+    #[test]
+    fn conversations_stay_live_for_twice_the_usual_pause() {
+        let gaps = TurnGaps::default();
+        let ttl = Duration::from_secs(300);
+        assert_eq!(gaps.live_window(ttl), ttl, "nothing learned yet");
+        gaps.record(Duration::from_secs(4));
+        assert_eq!(gaps.live_window(ttl), Duration::from_secs(8));
+        gaps.record(Duration::from_secs(2_000));
+        assert_eq!(gaps.live_window(ttl), ttl, "never past the TTL");
+    }
+
+    #[test]
+    fn loads_that_must_evict_go_where_what_goes_is_least_used_fleet_wide() {
+        assert_eq!(victim_use([]), 0);
+        assert_eq!(victim_use([0, 3, 1]), 3, "the most used idle model counts");
+        let fit = 5.0;
+        assert_eq!(weigh_victims(fit, 0), fit);
+        assert!(weigh_victims(fit, 1) < fit);
+        assert!(weigh_victims(fit, 3) < weigh_victims(fit, 1));
+    }
 }
