@@ -361,7 +361,9 @@ impl Router {
                 .map(|service| stay::expected_wait(depth, node.parallel(), service));
             timing.push((wait, state.cold_tps));
         }
-        if pinned_node.is_none() && p.endpoint.generates() {
+        // Only a new conversation opens a second home: a follow-up whose prefix was lost
+        // would pay the load itself, which costs more than prefilling its history.
+        if pinned_node.is_none() && !p.follow_up && p.endpoint.generates() {
             open_second_home(&mut ranked, &homes, p, &config.weights);
         }
         if let Some(pin) = pin.filter(|_| config.weights.move_cost > 0.0) {
@@ -518,7 +520,7 @@ struct Home {
     context: Option<u32>,
 }
 
-/// A conversation no node holds warm, for a model whose every home has its slots full of
+/// A new conversation, for a model whose every home has its slots full of
 /// live conversations: nodes where the model fits in free memory score as if it were loaded
 /// there ([`placement::second_home`]), with the context it is loaded with at home, so the
 /// model gains a home without evicting anything rather than push a live conversation out
