@@ -279,8 +279,9 @@ impl Node {
         &self.url
     }
 
-    /// Requests the node runs at once per model: as configured (default 1, as Ollama's),
-    /// or more where the node showed more slots.
+    /// Requests the node runs at once per model: as configured, else 1 (Ollama's default
+    /// since 0.9.7, OLLAMA_NUM_PARALLEL in envconfig/config.go), or more where the node
+    /// showed more slots.
     pub fn parallel(&self) -> usize {
         self.settings()
             .num_parallel

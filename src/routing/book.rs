@@ -59,10 +59,12 @@ impl Router {
 
     /// [`Router::try_send`] one request past the number the node is believed to run at
     /// once, to learn whether it runs more ([`super::parallel`]); for a request that would
-    /// otherwise wait for this node. `None` when corral no longer probes it.
+    /// otherwise wait for this node. `None` when the number is configured
+    /// (`nodes[].num_parallel`) or corral no longer probes the node.
     pub fn try_probe(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
         let node = &candidate.node;
-        if !self.probes.may_probe(node.id, node.parallel()) {
+        let told = node.settings().num_parallel > 0;
+        if told || !self.probes.may_probe(node.id, node.parallel()) {
             return None;
         }
         self.dispatch(node, p, !candidate.resident, true)

@@ -348,9 +348,11 @@ impl Router {
                 evicts_busy,
                 standby: standby(node),
             });
-            // Full only once its slots are known: the number corral believes may be a lower
-            // bound, to be probed rather than worked around with another load.
-            let full = state.full && self.probes.settled(node.id, node.parallel());
+            // Full only once its slots are known (configured, or settled by a probe): the
+            // number corral believes may be a lower bound, to be probed rather than worked
+            // around with another load.
+            let known = settings.num_parallel > 0 || self.probes.settled(node.id, node.parallel());
+            let full = state.full && known;
             homes.push(Home {
                 full: resident.then_some(full),
                 fits_free,
