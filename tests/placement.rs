@@ -155,7 +155,7 @@ async fn open_stream(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_told_to_run_one_request_that_runs_two_gets_two_at_once() {
+async fn a_node_not_told_its_slots_that_runs_two_gets_two_requests_at_once() {
     use futures::StreamExt;
     // The node runs two requests at once; corral is not told (0: `num_parallel` left out).
     let mut cfg = empty_node("two", 24, &[("x:1", 4.7)]);
