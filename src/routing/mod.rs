@@ -44,7 +44,7 @@ pub struct Router {
     /// starts reserved), so that decisions made at the same instant see each other's loads.
     placement: parking_lot::Mutex<()>,
     /// The usual pause between a conversation's turns: how long one counts as live.
-    pub turn_gaps: placement::TurnGaps,
+    turn_gaps: placement::TurnGaps,
     /// Probes of how many requests each node runs at once ([`parallel`]).
     probes: parallel::Probes,
 }
