@@ -101,7 +101,9 @@ pub struct NodeConfig {
     #[serde(default)]
     pub roles: Vec<String>,
     /// The node's `OLLAMA_NUM_PARALLEL`: how many conversations it keeps warm per model.
-    #[serde(default = "default_num_parallel")]
+    /// Unset (0 here): not known; corral starts from Ollama's default and probes for more
+    /// (routing/parallel.rs).
+    #[serde(default = "unknown_num_parallel", deserialize_with = "at_least_one")]
     pub num_parallel: usize,
     /// The node's `OLLAMA_MULTIUSER_CACHE`, which decides where a new conversation goes.
     /// Off (Ollama's default): to the idle slot sharing the longest prefix with it, which
@@ -120,9 +122,17 @@ pub struct NodeConfig {
     pub kind: NodeKind,
 }
 
-fn default_num_parallel() -> usize {
-    // Ollama's default since 0.9.7 (OLLAMA_NUM_PARALLEL, envconfig/config.go).
-    1
+fn unknown_num_parallel() -> usize {
+    0
+}
+
+/// A `num_parallel` that is set must be at least 1.
+fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let n = usize::deserialize(d)?;
+    if n == 0 {
+        return Err(serde::de::Error::custom("num_parallel: must be at least 1"));
+    }
+    Ok(n)
 }
 
 /// Scoring weights. The first three and `session_affinity` are the published defaults that
@@ -432,9 +442,6 @@ impl Config {
             {
                 return Err(format!("{at}.memory_gb: must be a positive number"));
             }
-            if node.num_parallel == 0 {
-                return Err(format!("{at}.num_parallel: must be at least 1"));
-            }
             if let Some(path) = &node.ca_file {
                 if !node.url.starts_with("https://") {
                     return Err(format!("{at}.ca_file: only for an https:// url"));
@@ -526,7 +533,7 @@ impl NodeConfig {
             url: url.into(),
             memory_gb: None,
             roles: Vec::new(),
-            num_parallel: default_num_parallel(),
+            num_parallel: unknown_num_parallel(),
             multiuser_cache: false,
             ca_file: None,
             kind: NodeKind::Auto,

@@ -118,3 +118,106 @@ async fn a_reply_that_loaded_a_model_makes_corral_read_the_nodes_residency_again
         "{text}"
     );
 }
+
+/// Sends a chat for `model` whose reply streams, and returns the stream once its first
+/// chunk came, with the time it came and the node that answers.
+async fn open_stream(
+    router_url: &str,
+    model: &str,
+    text: &str,
+) -> (
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<>,
+    std::time::Instant,
+    String,
+) {
+    use futures::StreamExt;
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{ "role": "user", "content": text }],
+        "stream": true,
+    });
+    let resp = client()
+        .post(format!("{router_url}/api/chat"))
+        .json(&body)
+        .send()
+        .await
+        .expect("a reply");
+    assert_eq!(resp.status(), 200);
+    let node = header(&resp, "x-fleet-node");
+    let mut stream = resp.bytes_stream();
+    let first = stream
+        .next()
+        .await
+        .expect("a first chunk")
+        .expect("readable");
+    assert!(!first.is_empty());
+    (stream, std::time::Instant::now(), node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_not_told_its_slots_that_runs_two_gets_two_requests_at_once() {
+    use futures::StreamExt;
+    // The node runs two requests at once; corral is not told (0: `num_parallel` left out).
+    let mut cfg = empty_node("two", 24, &[("x:1", 4.7)]);
+    cfg.preload = vec!["x:1".into()];
+    cfg.num_parallel = 2;
+    cfg.decode_per_token = Duration::from_millis(20);
+    cfg.reply_tokens = 40;
+    let node = start(cfg).await;
+    let router = Router::start(vec![NodeSpec::of(&node, 0)], "").await;
+
+    let (mut first, _, _) = open_stream(&router.url(), "x:1", "conversation one").await;
+    // Read to its end as it comes, noting when its last chunk came.
+    let first_ended = tokio::spawn(async move {
+        let mut last = std::time::Instant::now();
+        while let Some(chunk) = first.next().await {
+            chunk.expect("readable");
+            last = std::time::Instant::now();
+        }
+        last
+    });
+    // Sent while the first streams: rather than wait in corral, it probes the node.
+    let (second, second_began, _) = open_stream(&router.url(), "x:1", "conversation two").await;
+    let first_ended = first_ended.await.expect("the reading task ran");
+    assert!(
+        second_began < first_ended,
+        "the second reply began only after the first ended: corral held it back"
+    );
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_node_is_full_of_live_conversations_gains_a_second_home_without_eviction() {
+    // The small node holds only x; the big one has room for x beside y.
+    let slow = |mut cfg: StandinConfig| {
+        cfg.num_parallel = 2;
+        cfg.decode_per_token = Duration::from_millis(20);
+        cfg.reply_tokens = 20;
+        cfg
+    };
+    let small = start(slow(empty_node("small", 8, &[("x:1", 4.7)]))).await;
+    let big = start(slow(empty_node("big", 24, &[("x:1", 4.7), ("y:1", 16.0)]))).await;
+    let nodes = vec![
+        NodeSpec::of(&small, 2).memory((8 * GIB) as f64 / 1e9),
+        NodeSpec::of(&big, 2).memory((24 * GIB) as f64 / 1e9),
+    ];
+    let router = Router::start(nodes, "").await;
+
+    // Two conversations: x goes to the node it fits best, and both run there.
+    let (one, _, first_node) = open_stream(&router.url(), "x:1", "conversation one").await;
+    let (two, _, second_node) = open_stream(&router.url(), "x:1", "conversation two").await;
+    assert_eq!(
+        (first_node.as_str(), second_node.as_str()),
+        ("small", "small")
+    );
+    // A third while both of small's slots are taken by live conversations.
+    let third = ask(router.url(), "x:1".into(), "conversation three".into()).await;
+    assert_eq!(
+        third, "big",
+        "x gains a second home where it fits in free memory"
+    );
+    drop((one, two));
+    let (s, b) = (small.churn(), big.churn());
+    assert_eq!((s.loads, b.loads), (1, 1), "{s:?} {b:?}");
+    assert_eq!(s.evictions + b.evictions, 0, "{s:?} {b:?}");
+}

@@ -111,6 +111,8 @@ pub struct ModelState {
     pub in_flight: u32,
     /// Requests waiting in corral for a slot here, this node being their best choice.
     pub waiting: u32,
+    /// Of the requests in flight, those whose reply has begun: the node runs them at once.
+    pub streaming: u32,
     pub slots: Vec<Slot>,
     /// Time to the reply's first byte, in milliseconds.
     pub ttfb_ms: Ewma,
@@ -287,8 +289,9 @@ impl Node {
         &self.url
     }
 
-    /// Requests the node runs at once per model: as configured (default 1, as Ollama's),
-    /// or more where the node showed more slots.
+    /// Requests the node runs at once per model: as configured, else 1 (Ollama's default
+    /// since 0.9.7, OLLAMA_NUM_PARALLEL in envconfig/config.go), or more where the node
+    /// showed more slots.
     pub fn parallel(&self) -> usize {
         self.settings()
             .num_parallel
@@ -317,6 +320,11 @@ impl Node {
     #[cfg(test)]
     pub(crate) fn lock_books(&self) -> parking_lot::MutexGuard<'_, Books> {
         self.books.lock()
+    }
+
+    /// Records that the node showed it runs at least `slots` requests at once.
+    pub fn learn_parallel_at_least(&self, slots: usize) {
+        self.learned_parallel.fetch_max(slots, Ordering::Relaxed);
     }
 
     /// Records the slots the node showed.

@@ -343,13 +343,18 @@ impl Forwarder {
 
         let ttft = self.account.metrics().ttft.with_label_values(&labels);
         let idle = attempt.config.timeouts.idle;
+        let first_byte = |t: std::time::Duration| {
+            ttft.observe(t.as_secs_f64());
+            // The replies streaming beside it show how many requests the node runs at once.
+            dispatch.first_byte();
+        };
         let streamed = relay::stream_back(
             session,
             &mut upstream,
             attempt.profile.stream,
             idle,
             started,
-            &ttft,
+            first_byte,
         )
         .await?;
         ctx.ttfb = streamed.ttfb;
@@ -431,7 +436,11 @@ fn pick<'d>(
             None => return Pick::Exhausted,
         },
     };
-    match router.try_send(best, profile) {
+    // Rather than wait for the best node, probe whether it runs more requests at once.
+    match router
+        .try_send(best, profile)
+        .or_else(|| router.try_probe(best, profile))
+    {
         Some(dispatch) => Pick::Send(best, dispatch),
         None => Pick::Wait(best),
     }

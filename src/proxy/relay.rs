@@ -16,7 +16,6 @@ use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
-use prometheus::Histogram;
 
 use super::headers;
 use super::reply::Tail;
@@ -180,15 +179,16 @@ pub(super) struct Streamed {
 }
 
 /// Copies the reply's body to the client as each chunk arrives, unbuffered, keeping the last
-/// bytes to read the final chunk's statistics. `ttft` observes the time from `started` to
-/// the first chunk. The end of the client's body is written only for a complete reply.
+/// bytes to read the final chunk's statistics. `first_byte` is told the time from `started`
+/// to the first chunk when it comes. The end of the client's body is written only for a
+/// complete reply.
 pub(super) async fn stream_back(
     session: &mut Session,
     upstream: &mut HttpSession,
     streamed_reply: bool,
     idle: Duration,
     started: Instant,
-    ttft: &Histogram,
+    mut first_byte: impl FnMut(Duration),
 ) -> Result<Streamed> {
     let mut tail = Tail::new(if streamed_reply {
         STREAM_TAIL
@@ -202,7 +202,7 @@ pub(super) async fn stream_back(
             Wait::Done(Ok(Some(chunk))) => {
                 if ttfb.is_none() {
                     let t = started.elapsed();
-                    ttft.observe(t.as_secs_f64());
+                    first_byte(t);
                     ttfb = Some(t);
                 }
                 tail.push(&chunk);

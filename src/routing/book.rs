@@ -42,21 +42,41 @@ impl Router {
     /// `num_parallel` requests for the model (else the request should wait, or go
     /// elsewhere). The returned guard gives the count back when dropped, on every path.
     pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Dispatch> {
-        self.dispatch(node, p, false)
+        self.dispatch(node, p, false, false)
     }
 
     /// [`Router::try_dispatch`] to a ranked candidate. Where the model is not resident, the
     /// request loads it: the model's memory is reserved there until the request ends, and
     /// it counts as loading for the next decisions (call under [`Router::placement`]).
     pub fn try_send(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
-        self.dispatch(&candidate.node, p, !candidate.resident)
+        self.dispatch(&candidate.node, p, !candidate.resident, false)
     }
 
-    fn dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile, loads: bool) -> Option<Dispatch> {
-        let parallel = node.parallel() as u32;
+    /// [`Router::try_send`] one request past the number the node is believed to run at
+    /// once, to learn whether it runs more ([`super::parallel`]); for a request that would
+    /// otherwise wait for this node. `None` when the number is configured
+    /// (`nodes[].num_parallel`) or corral no longer probes the node.
+    pub fn try_probe(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
+        let node = &candidate.node;
+        let told = node.settings().num_parallel > 0;
+        if told || !self.probes.may_probe(node.id, node.parallel()) {
+            return None;
+        }
+        self.dispatch(node, p, !candidate.resident, true)
+    }
+
+    fn dispatch(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        p: &Profile,
+        loads: bool,
+        probe: bool,
+    ) -> Option<Dispatch> {
+        let believed = node.parallel();
+        let limit = believed + usize::from(probe);
         let reserved = node.books(|books| {
             let state = books.models.entry(p.model_key.clone()).or_default();
-            if state.in_flight >= parallel {
+            if state.in_flight as usize >= limit {
                 return None;
             }
             state.in_flight += 1;
@@ -77,6 +97,8 @@ impl Router {
             prediction: None,
             prefill_tps: None,
             started: Instant::now(),
+            probe: probe.then_some(believed),
+            streaming: false,
         })
     }
 
@@ -112,6 +134,14 @@ impl Router {
                     let i = state.slots.iter().position(|s| s.lineage == pin.lineage)?;
                     Some((i, pin.lineage))
                 });
+            // The pause since the conversation's last turn ended: how long one stays live.
+            let paused = continued.and_then(|(i, _)| {
+                let slot = &state.slots[i];
+                (slot.busy == 0).then_some(slot.last_used?)
+            });
+            if let Some(ended) = paused {
+                self.turn_gaps.record(now.saturating_duration_since(ended));
+            }
             let (index, lineage) = continued.unwrap_or_else(|| {
                 // A conversation restored from the host cache leaves it, and goes on in
                 // its own lineage if the request continues it.
@@ -260,6 +290,10 @@ pub struct Dispatch {
     prediction: Option<Prediction>,
     prefill_tps: Option<f64>,
     started: Instant,
+    /// Sent one past the number the node was believed to run at once (that number).
+    probe: Option<usize>,
+    /// Its reply has begun: counted in the model's `streaming` there.
+    streaming: bool,
 }
 
 impl Dispatch {
@@ -267,6 +301,28 @@ impl Dispatch {
     /// load (`corral_cold_loads_total`).
     pub fn starts_load(&self) -> bool {
         self.reserved
+    }
+
+    /// The reply's first byte came: it counts as streaming until the request ends, and the
+    /// replies streaming beside it show how many requests the node runs at once.
+    pub fn first_byte(&mut self) {
+        if self.streaming {
+            return;
+        }
+        self.streaming = true;
+        let others = self.node.books(|books| {
+            let state = books.models.get_mut(&self.model)?;
+            state.streaming += 1;
+            Some(state.streaming - 1)
+        });
+        let Some(others) = others else { return };
+        let shown = super::parallel::shown_parallel(others);
+        self.node.learn_parallel_at_least(shown);
+        if let Some(believed) = self.probe
+            && super::parallel::probe_queued(believed, shown)
+        {
+            self.router.probes.found_queuing(self.node.id, believed);
+        }
     }
 }
 
@@ -412,6 +468,9 @@ impl Drop for Dispatch {
         self.node.books(|books| {
             if let Some(state) = books.models.get_mut(&self.model) {
                 state.in_flight = state.in_flight.saturating_sub(1);
+                if self.streaming {
+                    state.streaming = state.streaming.saturating_sub(1);
+                }
                 // Loaded (the reply's success is now the sign of it) or failed: either
                 // way the reservation ends.
                 if self.reserved {

@@ -46,6 +46,8 @@ pub fn rank(
     let mut ranked = Vec::with_capacity(views.len());
     // Per candidate, in the same order: expected wait and cold prefill rate, where measured.
     let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(views.len());
+    // Per candidate, in the same order: what a second home for the model needs to know.
+    let mut homes: Vec<Home> = Vec::with_capacity(views.len());
     let mut too_large = false;
     for view in views {
         let state = &view.model;
@@ -56,10 +58,14 @@ pub fn rank(
             total: view.memory_total,
             used: view.footprint.used,
         };
-        let Some(memory_fit) = signals::memory_fit(view.resident, memory, weights) else {
+        let Some(mut memory_fit) = signals::memory_fit(view.resident, memory, weights) else {
             too_large = true;
             continue;
         };
+        if let Some(victim_use) = view.victim_use {
+            // Where the load must evict, the less the fleet uses what may go, the better.
+            memory_fit = placement::weigh_victims(memory_fit, victim_use);
+        }
         let evicts_busy = !view.resident
             && placement::evicts_busy(request.need, view.memory_total, &view.footprint);
         let warmth = if request.warm_node == Some(view.node.id) {
@@ -95,6 +101,16 @@ pub fn rank(
             .service_s
             .map(|service| stay::expected_wait(depth, view.parallel, service));
         timing.push((wait, state.cold_tps));
+        homes.push(Home {
+            full: view.resident.then_some(state.full && view.slots_known),
+            fits_free: placement::fits_free(request.need, view.memory_total, view.footprint.used),
+            context: view.loaded_context,
+        });
+    }
+    // Only a new conversation opens a second home: a follow-up whose prefix was lost would
+    // pay the load itself, which costs more than prefilling its history.
+    if request.warm_node.is_none() && !p.follow_up && p.endpoint.generates() {
+        open_second_home(&mut ranked, &homes, p, weights);
     }
     if let Some(pin_node) = request.pin_node.filter(|_| weights.move_cost > 0.0) {
         let factor = weights.move_cost;
@@ -118,6 +134,35 @@ pub fn rank(
     // among live ones, a node where the load would unload a model in use comes last.
     ranked.sort_by_key(|c| (c.standby, c.evicts_busy));
     Ok(ranked)
+}
+
+/// One candidate as a home for the request's model.
+struct Home {
+    /// Where the model is resident: whether its slots are full of live conversations.
+    full: Option<bool>,
+    /// The model fits in the node's free memory.
+    fits_free: bool,
+    /// The context the model is loaded with there.
+    context: Option<u32>,
+}
+
+/// A new conversation, for a model whose every home has its slots full of live
+/// conversations: nodes where the model fits in free memory score as if it were loaded
+/// there ([`placement::second_home`]), with the context it is loaded with at home, so the
+/// model gains a home without evicting anything rather than push a live conversation out
+/// of its slot.
+fn open_second_home(ranked: &mut [Candidate], homes: &[Home], p: &Profile, w: &Weights) {
+    let live = ranked.iter().zip(homes).filter(|(c, _)| !c.standby);
+    let full = placement::homes_full(live.filter_map(|(_, h)| h.full));
+    let context = homes.iter().find_map(|h| h.full.and(h.context));
+    for (c, home) in ranked.iter_mut().zip(homes) {
+        let bonus = placement::second_home(full, home.fits_free, w.model_loaded);
+        if c.resident || c.standby || bonus == 0.0 {
+            continue;
+        }
+        c.scores.model_loaded = bonus;
+        c.scores.context_fit = signals::context_fit(p.prompt_tokens, p.num_ctx, context, w);
+    }
 }
 
 /// The best learned speeds for the model among the nodes, the yardstick of the latency
@@ -229,6 +274,8 @@ mod tests {
                 idle: 5 * GB,
             },
             loaded_context: None,
+            slots_known: true,
+            victim_use: None,
             model: ModelView::default(),
         }
     }

@@ -6,6 +6,7 @@
 mod affinity;
 mod book;
 pub mod choose;
+pub mod parallel;
 pub mod placement;
 pub mod score;
 pub mod signals;
@@ -44,6 +45,10 @@ pub struct Router {
     /// Held from a decision until its request is counted on its node (and any load it
     /// starts reserved), so that decisions made at the same instant see each other's loads.
     placement: parking_lot::Mutex<()>,
+    /// The usual pause between a conversation's turns: how long one counts as live.
+    turn_gaps: placement::TurnGaps,
+    /// Probes of how many requests each node runs at once ([`parallel`]).
+    probes: parallel::Probes,
 }
 
 /// The node holding a request's longest warm prefix.
@@ -197,6 +202,8 @@ impl Router {
             next_lineage: AtomicU64::new(1),
             waiting: AtomicUsize::new(0),
             placement: parking_lot::Mutex::new(()),
+            turn_gaps: placement::TurnGaps::default(),
+            probes: parallel::Probes::default(),
         }
     }
 
@@ -265,16 +272,35 @@ impl Router {
             pin_node: pin.map(|pin| pin.node),
             now,
         };
-        let views: Vec<NodeView> = nodes
+        let at = view::Moment {
+            now,
+            ttl: self.ttl(),
+            live: self.turn_gaps.live_window(self.ttl()),
+        };
+        let mut views: Vec<NodeView> = nodes
             .iter()
             .filter_map(|node| {
                 // Nodes that are down are ranked after all others: first choices never go
                 // there, but a request tries them when no node that admits requests is left,
                 // rather than refuse one that a node might still serve.
                 let standby = !self.fleet.is_healthy(node);
-                NodeView::take(node, model, standby, &mut sizes, now, self.ttl())
+                // A node's slots are known when configured or settled by a probe; until
+                // then the number corral believes may be a lower bound, to be probed rather
+                // than worked around with another load.
+                let told = node.settings().num_parallel > 0;
+                let slots_known = told || self.probes.settled(node.id, node.parallel());
+                NodeView::take(node, model, standby, slots_known, &mut sizes, &at)
             })
             .collect();
+        for v in &mut views {
+            // Where the model's load would have to evict: how much the fleet uses what it
+            // may evict ([`placement::victim_use`]).
+            let (need, total) = (request.need, v.memory_total);
+            let evicts = !v.resident && !placement::fits_free(need, total, v.footprint.used);
+            if evicts && need.is_some() && total.is_some() {
+                v.victim_use = Some(placement::victim_use(idle_models_use(&nodes, &v.node)));
+            }
+        }
         let ranked = choose::rank(p, request, &views, &config.weights)?;
         Ok(Decision {
             ranked,
@@ -348,6 +374,31 @@ impl Router {
         }
         (None, went_cold, probe)
     }
+}
+
+/// The use fleet-wide (requests running or waiting, on every node) of each model `node`'s
+/// last poll listed that no request runs or waits for there: what a load there may evict.
+fn idle_models_use(nodes: &[Arc<Node>], node: &Node) -> Vec<u32> {
+    let inv = node.inventory();
+    let busy = |state: Option<&crate::fleet::ModelState>| {
+        state.is_some_and(|s| s.in_flight + s.waiting > 0)
+    };
+    let idle: Vec<&str> = node.books(|books| {
+        let resident = inv.resident.keys().map(String::as_str);
+        resident.filter(|m| !busy(books.models.get(*m))).collect()
+    });
+    let use_of = |model: &str| -> u32 {
+        let on = |n: &Arc<Node>| {
+            n.books(|books| {
+                books
+                    .models
+                    .get(model)
+                    .map_or(0, |s| s.in_flight + s.waiting)
+            })
+        };
+        nodes.iter().map(on).sum()
+    };
+    idle.into_iter().map(use_of).collect()
 }
 
 /// Where a conversation's prefix was found on a node.

@@ -8,7 +8,9 @@
 //! something. So the models a node is believed to hold are counted most certain first, then
 //! most recently seen, only up to the node's memory; what does not fit is taken as evicted.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use crate::fleet::{Ewma, Slot};
 
 /// One model a node may hold.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -81,10 +83,88 @@ pub fn evicts_busy(need: Option<u64>, total: Option<u64>, m: &Footprint) -> bool
     need > free.saturating_add(m.idle)
 }
 
+/// Whether a node's slots for a model are all taken by live conversations: every slot
+/// holds one that is running now or ran within `live` (a new conversation there would push
+/// one of them out, to come back cold on its next turn).
+pub fn slots_full(slots: &[Slot], parallel: usize, now: Instant, live: Duration) -> bool {
+    let is_live = |s: &Slot| {
+        s.lineage != 0 && (s.busy > 0 || s.last_used.is_some_and(|t| now.duration_since(t) <= live))
+    };
+    slots.len() >= parallel && slots.iter().all(is_live)
+}
+
+/// The model fits in the node's free memory: loading it there evicts nothing. Unknown
+/// sizes or memory never say so.
+pub fn fits_free(need: Option<u64>, total: Option<u64>, used: u64) -> bool {
+    match (need, total) {
+        (Some(need), Some(total)) => need <= total.saturating_sub(used),
+        _ => false,
+    }
+}
+
+/// Every node that holds the model (one flag per node) has its slots full of live
+/// conversations ([`slots_full`]). False when no node holds it.
+pub fn homes_full(homes: impl IntoIterator<Item = bool>) -> bool {
+    let mut any = false;
+    for full in homes {
+        if !full {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// The model-loaded signal of a node that could become a second home for the model, for a
+/// conversation that no node holds warm: when every home is full and the model fits here
+/// without evicting anything, as much as a loaded model (the node serves it from free
+/// slots where a home would push a live conversation out); otherwise nothing.
+pub fn second_home(homes_full: bool, fits_free: bool, model_loaded_weight: f64) -> f64 {
+    if homes_full && fits_free {
+        model_loaded_weight
+    } else {
+        0.0
+    }
+}
+
+/// How long a conversation counts as live after its last turn: twice the usual pause
+/// between turns, once corral has seen some; until then, `fallback` (the affinity TTL).
+#[derive(Debug, Default)]
+pub struct TurnGaps {
+    gap_s: parking_lot::Mutex<Ewma>,
+}
+
+impl TurnGaps {
+    /// A pause between one turn's reply and the next turn of the same conversation.
+    pub fn record(&self, gap: Duration) {
+        self.gap_s.lock().record(gap.as_secs_f64());
+    }
+
+    pub fn live_window(&self, fallback: Duration) -> Duration {
+        match self.gap_s.lock().get() {
+            Some(gap) => Duration::from_secs_f64(2.0 * gap).min(fallback),
+            None => fallback,
+        }
+    }
+}
+
+/// The most used of the idle models a load would evict on a node, given each one's use
+/// fleet-wide (requests running or waiting for it on every node): Ollama picks the victim
+/// itself, so corral counts the one whose loss would hurt most. 0 when none is in use.
+pub fn victim_use(idle_models_use: impl IntoIterator<Item = u32>) -> u32 {
+    idle_models_use.into_iter().max().unwrap_or(0)
+}
+
+/// The memory-fit score of a node where loading the model must evict an idle one, divided
+/// by one more than [`victim_use`]: among nodes where a load must evict, it goes where
+/// the models that go are least used fleet-wide.
+pub fn weigh_victims(memory_fit: f64, victim_use: u32) -> f64 {
+    memory_fit / (1.0 + f64::from(victim_use))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     const GB: u64 = 1_000_000_000;
 
@@ -151,5 +231,75 @@ mod tests {
         assert!(evicts_busy(Some(9 * GB), total, f), "x would have to go");
         assert!(!evicts_busy(None, total, f));
         assert!(!evicts_busy(Some(9 * GB), None, f));
+    }
+
+    fn slot(lineage: u64, busy: u32, used_ago_ms: u64, now: Instant) -> Slot {
+        Slot {
+            lineage,
+            busy,
+            last_used: Some(now - Duration::from_millis(used_ago_ms)),
+            ..Slot::default()
+        }
+    }
+
+    #[test]
+    fn slots_are_full_when_every_one_holds_a_live_conversation() {
+        let now = Instant::now();
+        let live = Duration::from_millis(500);
+        let two_live = [slot(1, 0, 100, now), slot(2, 1, 5_000, now)];
+        assert!(
+            slots_full(&two_live, 2, now, live),
+            "idle but recent, and busy"
+        );
+        let one_stale = [slot(1, 0, 100, now), slot(2, 0, 5_000, now)];
+        assert!(
+            !slots_full(&one_stale, 2, now, live),
+            "that conversation is over"
+        );
+        let one_empty = [slot(1, 1, 0, now), Slot::default()];
+        assert!(!slots_full(&one_empty, 2, now, live));
+        assert!(
+            !slots_full(&two_live[..1], 2, now, live),
+            "a slot never used"
+        );
+        assert!(slots_full(&two_live[..1], 1, now, live));
+    }
+
+    #[test]
+    fn a_second_home_only_where_the_model_fits_free_memory_and_every_home_is_full() {
+        let (total, w) = (Some(24 * GB), 50.0);
+        assert!(fits_free(Some(5 * GB), total, 16 * GB));
+        assert!(!fits_free(Some(13 * GB), total, 16 * GB), "it would evict");
+        assert!(!fits_free(None, total, 0), "size unknown");
+        assert!(!fits_free(Some(5 * GB), None, 0), "memory unknown");
+
+        assert!(homes_full([true, true]));
+        assert!(!homes_full([true, false]), "a home has a free slot");
+        assert!(!homes_full([]), "resident nowhere: plain placement");
+
+        assert_eq!(second_home(true, true, w), w);
+        assert_eq!(second_home(true, false, w), 0.0);
+        assert_eq!(second_home(false, true, w), 0.0);
+    }
+
+    #[test]
+    fn conversations_stay_live_for_twice_the_usual_pause() {
+        let gaps = TurnGaps::default();
+        let ttl = Duration::from_secs(300);
+        assert_eq!(gaps.live_window(ttl), ttl, "nothing learned yet");
+        gaps.record(Duration::from_secs(4));
+        assert_eq!(gaps.live_window(ttl), Duration::from_secs(8));
+        gaps.record(Duration::from_secs(2_000));
+        assert_eq!(gaps.live_window(ttl), ttl, "never past the TTL");
+    }
+
+    #[test]
+    fn loads_that_must_evict_go_where_what_goes_is_least_used_fleet_wide() {
+        assert_eq!(victim_use([]), 0);
+        assert_eq!(victim_use([0, 3, 1]), 3, "the most used idle model counts");
+        let fit = 5.0;
+        assert_eq!(weigh_victims(fit, 0), fit);
+        assert!(weigh_victims(fit, 1) < fit);
+        assert!(weigh_victims(fit, 3) < weigh_victims(fit, 1));
     }
 }

@@ -29,7 +29,23 @@ pub struct NodeView {
     pub footprint: Footprint,
     /// The context length the model was loaded with there, where resident and reported.
     pub loaded_context: Option<u32>,
+    /// Its slot count is known (configured, or settled by probing): only then can its slots
+    /// be called full.
+    pub slots_known: bool,
+    /// Where loading the model must evict: how much the fleet uses the most used model
+    /// that may go ([`placement::victim_use`]).
+    pub victim_use: Option<u32>,
     pub model: ModelView,
+}
+
+/// When a decision reads the nodes.
+pub struct Moment {
+    pub now: Instant,
+    /// How long a slot's conversation stays warm after its last use.
+    pub ttl: Duration,
+    /// How long after its last turn a conversation counts as live (the learned pause between
+    /// turns, see [`placement::TurnGaps`]).
+    pub live: Duration,
 }
 
 impl NodeView {
@@ -40,9 +56,9 @@ impl NodeView {
         node: &Arc<Node>,
         model: &str,
         standby: bool,
+        slots_known: bool,
         sizes: &mut ModelSizes,
-        now: Instant,
-        ttl: Duration,
+        at: &Moment,
     ) -> Option<NodeView> {
         let settings = node.settings();
         let inv = node.inventory();
@@ -54,10 +70,10 @@ impl NodeView {
         let memory_total = settings.memory_bytes();
         let (model_view, footprint, resident, success_ratio) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
-            let view = ModelView::read(books, model, parallel, policy, now, ttl);
+            let view = ModelView::read(books, model, parallel, policy, at);
             let (footprint, resident) =
                 node_memory(&books.models, &inv, memory_total, sizes, model);
-            (view, footprint, resident, books.success.get(now))
+            (view, footprint, resident, books.success.get(at.now))
         });
         Some(NodeView {
             node: node.clone(),
@@ -68,6 +84,8 @@ impl NodeView {
             memory_total,
             footprint,
             loaded_context: resident_now.and_then(|r| r.context_length),
+            slots_known,
+            victim_use: None,
             model: model_view,
             settings,
         })
@@ -91,6 +109,8 @@ pub struct ModelView {
     pub service_s: Option<f64>,
     /// Prompt tokens per second when nothing is cached.
     pub cold_tps: Option<f64>,
+    /// Every slot holds a live conversation ([`placement::slots_full`]).
+    pub full: bool,
 }
 
 impl ModelView {
@@ -99,8 +119,7 @@ impl ModelView {
         model: &str,
         parallel: usize,
         policy: SlotPolicy,
-        now: Instant,
-        ttl: Duration,
+        at: &Moment,
     ) -> ModelView {
         let host_allowed = books.kind.host_cache != Some(false);
         let Some(state) = books.models.get(model) else {
@@ -115,12 +134,13 @@ impl ModelView {
             in_flight: state.in_flight,
             waiting: state.waiting,
             new_conversation_displaces: !host_keeps
-                && displaces_warm(state, parallel, policy, now, ttl),
+                && displaces_warm(state, parallel, policy, at.now, at.ttl),
             prefill_tps: state.prefill_tps.get(),
             decode_tps: state.decode_tps.get(),
             speed_at: state.speed_at,
             service_s: state.warm.service_s.get(),
             cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
+            full: placement::slots_full(&state.slots, parallel, at.now, at.live),
         }
     }
 }
@@ -248,8 +268,12 @@ mod tests {
     fn take(node: &Arc<Node>, model: &str) -> Option<NodeView> {
         let nodes = [node.clone()];
         let mut sizes = ModelSizes::new(&nodes);
-        let ttl = Duration::from_secs(300);
-        NodeView::take(node, model, false, &mut sizes, Instant::now(), ttl)
+        let at = Moment {
+            now: Instant::now(),
+            ttl: Duration::from_secs(300),
+            live: Duration::from_secs(300),
+        };
+        NodeView::take(node, model, false, true, &mut sizes, &at)
     }
 
     #[test]

@@ -77,10 +77,11 @@ pub fn config_yaml(port: u16, nodes: &[NodeSpec], extra_yaml: &str) -> String {
     yaml.push_str(extra_yaml);
     yaml.push_str("\nnodes:\n");
     for n in nodes {
-        yaml.push_str(&format!(
-            "  - name: {}\n    url: {}\n    num_parallel: {}\n",
-            n.name, n.url, n.num_parallel
-        ));
+        yaml.push_str(&format!("  - name: {}\n    url: {}\n", n.name, n.url));
+        // 0: not told, as when `num_parallel` is left out.
+        if n.num_parallel > 0 {
+            yaml.push_str(&format!("    num_parallel: {}\n", n.num_parallel));
+        }
         if let Some(gb) = n.memory_gb {
             yaml.push_str(&format!("    memory_gb: {gb}\n"));
         }

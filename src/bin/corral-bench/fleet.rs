@@ -367,6 +367,11 @@ impl CorralProcess {
         if move_cost > 0.0 {
             yaml.push_str(&format!("weights:\n  move_cost: {move_cost}\n"));
         }
+        // For diagnosing a run: corral's access log, one file per corral started.
+        if let Some(dir) = std::env::var_os("CORRAL_BENCH_ACCESS_LOGS") {
+            let path = Path::new(&dir).join(format!("access-{port}.jsonl"));
+            yaml.push_str(&format!("access_log: {}\n", path.display()));
+        }
         let config = std::env::temp_dir().join(format!("corral-bench-{port}.yaml"));
         std::fs::File::create(&config)
             .and_then(|mut f| f.write_all(yaml.as_bytes()))

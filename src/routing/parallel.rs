@@ -1,0 +1,124 @@
+//! Learning how many requests a node runs at once per model when corral is not told
+//! (`nodes[].num_parallel`): Ollama does not say, and corral sends a node no more requests
+//! than it believes it runs, so it would never find out.
+//!
+//! When a request would otherwise wait in corral for its best node, corral may send it one
+//! past that belief (a probe). A reply whose first byte comes while other replies from the
+//! same node and model are still streaming proves the node ran them together; a probe whose
+//! first byte comes only when no more than the believed number were streaming shows that
+//! the node queued it instead, and after a few such probes corral stops probing that node.
+
+use std::collections::HashMap;
+
+/// Probes that found the node queuing before corral stops probing it. More than one: a
+/// probe also looks queued when the request ahead of it happens to finish first.
+const MAX_QUEUED_PROBES: u8 = 3;
+
+/// corral probes no further than this many requests at once per model.
+const MAX_PROBED: usize = 16;
+
+/// Whether a request may be sent one past the `believed` number of requests the node runs
+/// at once, after `queued` probes there found it queuing.
+pub fn may_probe(believed: usize, queued: u8) -> bool {
+    queued < MAX_QUEUED_PROBES && believed < MAX_PROBED
+}
+
+/// What a reply's first byte shows, given the replies from the same node and model still
+/// streaming when it came (`others`): the node runs at least this many at once.
+pub fn shown_parallel(others: u32) -> usize {
+    others as usize + 1
+}
+
+/// Whether a probe, sent when the node was believed to run `believed` at once, found it
+/// queuing: its reply began while no more than `believed` replies streamed with it.
+pub fn probe_queued(believed: usize, shown: usize) -> bool {
+    shown <= believed
+}
+
+/// What probes found of one node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    /// Probes that found it queuing.
+    pub queued: u8,
+    /// The most requests at once it was believed to run when a probe last found it
+    /// queuing: its limit, as far as corral knows.
+    pub limit: usize,
+}
+
+/// Whether the node's number of requests at once is known, not just a lower bound: a probe
+/// found it queuing past `believed` (or past more, before a reply showed otherwise).
+pub fn settled(found: Found, believed: usize) -> bool {
+    found.queued > 0 && found.limit >= believed
+}
+
+/// Per node, what probes found.
+#[derive(Debug, Default)]
+pub struct Probes {
+    found: parking_lot::Mutex<HashMap<u16, Found>>,
+}
+
+impl Probes {
+    fn get(&self, node: u16) -> Found {
+        self.found.lock().get(&node).copied().unwrap_or_default()
+    }
+
+    pub fn may_probe(&self, node: u16, believed: usize) -> bool {
+        may_probe(believed, self.get(node).queued)
+    }
+
+    /// See [`settled`].
+    pub fn settled(&self, node: u16, believed: usize) -> bool {
+        settled(self.get(node), believed)
+    }
+
+    pub fn found_queuing(&self, node: u16, believed: usize) {
+        let mut found = self.found.lock();
+        let f = found.entry(node).or_default();
+        f.queued = f.queued.saturating_add(1);
+        f.limit = believed;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_stop_after_a_few_found_the_node_queuing() {
+        assert!(may_probe(1, 0));
+        assert!(may_probe(1, MAX_QUEUED_PROBES - 1));
+        assert!(!may_probe(1, MAX_QUEUED_PROBES));
+        assert!(!may_probe(MAX_PROBED, 0), "bounded");
+        let probes = Probes::default();
+        for _ in 0..MAX_QUEUED_PROBES {
+            assert!(probes.may_probe(7, 2));
+            probes.found_queuing(7, 2);
+        }
+        assert!(!probes.may_probe(7, 2));
+        assert!(probes.may_probe(8, 2), "per node");
+    }
+
+    #[test]
+    fn the_limit_is_known_once_a_probe_found_the_node_queuing_there() {
+        let probes = Probes::default();
+        assert!(!probes.settled(1, 1), "1 is only a lower bound");
+        probes.found_queuing(1, 1);
+        assert!(probes.settled(1, 1));
+        // A later reply showed two at once: 2 is a lower bound again.
+        assert!(!probes.settled(1, 2));
+        probes.found_queuing(1, 2);
+        assert!(probes.settled(1, 2));
+        assert!(!probes.settled(2, 2), "per node");
+    }
+
+    #[test]
+    fn a_reply_beginning_beside_others_shows_them_run_together() {
+        assert_eq!(shown_parallel(0), 1);
+        assert_eq!(shown_parallel(2), 3);
+        // Believed 1: a probe that began beside one streaming reply ran in parallel.
+        assert!(!probe_queued(1, shown_parallel(1)));
+        // One that began alone waited for the reply ahead of it.
+        assert!(probe_queued(1, shown_parallel(0)));
+        assert!(probe_queued(2, shown_parallel(1)));
+    }
+}
