@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+use corral::standin::ServedRequest;
 use serde::Serialize;
 
 use crate::fleet::{CorralCounts, NodeSpec, Plan, TimeScale};
@@ -189,7 +190,10 @@ struct LogWarmth {
 fn warm_from_logs(run: &Run, ok: &[&TurnRecord]) -> (LogWarmth, usize, usize) {
     let mut logged: HashMap<(usize, u32), Vec<u32>> = HashMap::new();
     for (node, log) in run.logs.iter().enumerate() {
-        for entry in log.iter().filter(|e| e.endpoint == "/api/chat") {
+        let chat = |e: &&ServedRequest| {
+            matches!(e.endpoint.as_str(), "/api/chat" | "/v1/chat/completions")
+        };
+        for entry in log.iter().filter(chat) {
             logged
                 .entry((node, entry.prompt_tokens))
                 .or_default()
