@@ -159,6 +159,12 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
         "success_ratio": node.success_ratio(),
         "memory_gb": settings.memory_gb,
         "num_parallel": settings.num_parallel,
+        // Slots the node showed itself (llama.cpp's /props); null while it has not.
+        "slots_shown": match node.learned_parallel.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        },
+        "kind": node.kind.lock().kind.as_str(),
         "roles": settings.roles,
         "health": node.health().as_str(),
         "breaker_open": node.health() == crate::fleet::State::Down,
