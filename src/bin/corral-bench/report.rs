@@ -99,6 +99,9 @@ pub struct PolicyStats {
     /// at least 16 cached tokens and a quarter of the prompt, corral's own threshold).
     pub predictions_checked: usize,
     pub predictions_agreed: usize,
+    /// The checked follow-ups by corral's claim and the node's verdict, e.g. `host->cold`:
+    /// which predictions are wrong.
+    pub prediction_cases: HashMap<String, usize>,
     /// Every follow-up TTFT, sorted, for the CDF plot.
     pub ttft_follow_up_samples_ms: Vec<f64>,
 }
@@ -161,6 +164,7 @@ pub fn stats(run: &Run) -> PolicyStats {
         follow_up_affinity,
         predictions_checked: by_log.checked,
         predictions_agreed: by_log.agreed,
+        prediction_cases: by_log.cases,
         ttft_follow_up_samples_ms: follow_up_samples,
     }
 }
@@ -180,6 +184,7 @@ struct LogWarmth {
     follow_up: WarmShare,
     checked: usize,
     agreed: usize,
+    cases: HashMap<String, usize>,
 }
 
 /// Finds each successful turn in its node's log by its prompt size, and takes the cached
@@ -245,6 +250,11 @@ impl LogWarmth {
             let warm = cached >= 16 && cached * 4 >= r.prompt_tokens;
             self.checked += 1;
             self.agreed += usize::from(predicted_warm == warm);
+            let verdict = if warm { "warm" } else { "cold" };
+            *self
+                .cases
+                .entry(format!("{affinity}->{verdict}"))
+                .or_default() += 1;
         }
     }
 }
@@ -658,7 +668,14 @@ fn affinity_note(p: &PolicyStats) -> String {
     let mut kinds: Vec<_> = p.follow_up_affinity.iter().collect();
     kinds.sort();
     let list: Vec<String> = kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    format!("; follow-up X-Fleet-Affinity: {}", list.join(", "))
+    let mut cases: Vec<_> = p.prediction_cases.iter().collect();
+    cases.sort();
+    let cases: Vec<String> = cases.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    format!(
+        "; follow-up X-Fleet-Affinity: {}; claim->node's verdict: {}",
+        list.join(", "),
+        cases.join(", ")
+    )
 }
 
 #[cfg(test)]
