@@ -99,8 +99,8 @@ pub struct PolicyStats {
     /// at least 16 cached tokens and a quarter of the prompt, corral's own threshold).
     pub predictions_checked: usize,
     pub predictions_agreed: usize,
-    /// The checked follow-ups by corral's claim and the node's verdict, e.g. `host->cold`:
-    /// which predictions are wrong.
+    /// The checked follow-ups by corral's claim, the node's verdict and the turn, e.g.
+    /// `host->cold@t1`: which predictions are wrong, and when.
     pub prediction_cases: HashMap<String, usize>,
     /// Every follow-up TTFT, sorted, for the CDF plot.
     pub ttft_follow_up_samples_ms: Vec<f64>,
@@ -253,7 +253,7 @@ impl LogWarmth {
             let verdict = if warm { "warm" } else { "cold" };
             *self
                 .cases
-                .entry(format!("{affinity}->{verdict}"))
+                .entry(format!("{affinity}->{verdict}@t{}", r.turn))
                 .or_default() += 1;
         }
     }
