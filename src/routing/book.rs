@@ -107,7 +107,6 @@ impl Router {
         let parallel = node.parallel();
         let policy = SlotPolicy::of(node, &settings);
         let tokens = u64::from(p.prompt_tokens);
-        let host_cache = node.kind.lock().host_cache != Some(false);
         let (index, lineage) = {
             let mut models = node.models.lock();
             let state = models.entry(p.model_key.clone()).or_default();
@@ -152,7 +151,6 @@ impl Router {
                         depth: displaced.depth,
                         tokens: displaced.tokens,
                         saved_at: now,
-                        copy: false,
                     };
                     state.warm.host.save(saved);
                 }
@@ -164,9 +162,6 @@ impl Router {
             slot.last_used = Some(now);
             slot.busy += 1;
             slot.tokens = tokens;
-            if host_cache {
-                save_idle_slots(state, now);
-            }
             (index, lineage)
         };
         dispatch.slot = Some(index);
@@ -436,20 +431,5 @@ impl Drop for Dispatch {
         }
         // Only the requests waiting for this model can use the slot.
         self.router.fleet.wakeups.model_changed(&self.model);
-    }
-}
-
-/// llama-server saves every idle slot into its host cache when a task starts
-/// (`--cache-idle-slots`, llama.cpp `tools/server/server-context.cpp`): the mirror keeps
-/// those copies too, since they take the cache's room.
-fn save_idle_slots(state: &mut ModelState, now: Instant) {
-    for slot in state.slots.iter().filter(|s| s.busy == 0 && s.lineage != 0) {
-        state.warm.host.save(HostEntry {
-            lineage: slot.lineage,
-            depth: slot.depth,
-            tokens: slot.tokens,
-            saved_at: now,
-            copy: true,
-        });
     }
 }

@@ -177,10 +177,6 @@ pub struct HostEntry {
     /// Its tokens, as corral estimates them.
     pub tokens: u64,
     pub saved_at: Instant,
-    /// A copy of a conversation still in its slot (llama-server saves idle slots when a
-    /// task starts, `--cache-idle-slots`): it takes the cache's room, but the slot, not
-    /// the cache, is where the conversation is found.
-    pub copy: bool,
 }
 
 /// The node's host-memory prompt cache as corral believes it: saved conversations oldest
@@ -248,21 +244,9 @@ impl HostCache {
         self.capacity = capacity;
     }
 
-    /// A slot's conversation saved: as the slot is given to another, or as an idle slot's
-    /// copy when a task starts. What the cache already holds whole keeps its place
-    /// (llama.cpp `server_prompt_cache::alloc` skips it); a conversation that grew since
-    /// replaces its older save at the newest end.
+    /// A slot's conversation saved as the slot is given to another.
     pub fn save(&mut self, entry: HostEntry) {
         if entry.lineage == 0 {
-            return;
-        }
-        if let Some(held) = self
-            .entries
-            .iter_mut()
-            .find(|e| e.lineage == entry.lineage && e.depth >= entry.depth)
-        {
-            // Saved from a slot given away: no longer a copy.
-            held.copy &= entry.copy;
             return;
         }
         self.entries.retain(|e| e.lineage != entry.lineage);
@@ -295,11 +279,10 @@ impl HostCache {
 
     /// Whether saving `tokens` more would push no conversation counted warm out. Before
     /// any reply has shown a limit, the cache is taken to hold as many conversations as
-    /// the node has `slots` (copies of conversations still in slots not counted), so that
-    /// new conversations spread by slots meanwhile.
+    /// the node has `slots`, so that new conversations spread by slots meanwhile.
     pub fn has_room(&self, tokens: u64, slots: usize) -> bool {
         let Capacity::Tokens(capacity) = self.capacity else {
-            return self.entries.iter().filter(|e| !e.copy).count() < slots;
+            return self.entries.len() < slots;
         };
         let mut warm = 0;
         for e in self.entries.iter().rev() {
@@ -495,37 +478,7 @@ mod tests {
             depth: 3,
             tokens,
             saved_at: Instant::now(),
-            copy: false,
         }
-    }
-
-    /// llama-server's idle-slot copies take the cache's room: a conversation saved before
-    /// them is deeper in the cache, and one saved again unchanged keeps its place.
-    #[test]
-    fn idle_slot_copies_take_room_and_keep_their_place() {
-        let mut h = HostCache::default();
-        h.save(entry(1, 100));
-        let copy = |lineage| HostEntry {
-            copy: true,
-            ..entry(lineage, 100)
-        };
-        h.save(copy(2));
-        h.save(copy(3));
-        assert_eq!(h.place(1).map(|p| p.needed), Some(300));
-        // Copies do not count against the room assumed before a limit is shown.
-        assert!(h.has_room(100, 2));
-        // Conversation 2 leaves its slot unchanged: the cache holds it whole already, so it
-        // stays where it was (behind 3), no longer a copy.
-        h.save(entry(2, 100));
-        assert_eq!(h.place(2).map(|p| p.needed), Some(200));
-        assert!(!h.has_room(100, 2));
-        // Conversation 3 grew (a deeper turn): its new save is the newest.
-        h.save(HostEntry {
-            depth: 5,
-            ..entry(3, 150)
-        });
-        assert_eq!(h.place(3).map(|p| p.needed), Some(150));
-        assert_eq!(h.place(1).map(|p| p.needed), Some(350));
     }
 
     #[test]
@@ -540,11 +493,8 @@ mod tests {
             h.place(1).unwrap().warm,
             "unbounded until a reply shows a limit"
         );
-        // Saving it again after a later turn moves it to the newest end.
-        h.save(HostEntry {
-            depth: 4,
-            ..entry(1, 120)
-        });
+        // Saving again moves it to the newest end.
+        h.save(entry(1, 120));
         assert_eq!(h.place(1).map(|p| p.needed), Some(120));
         assert_eq!(h.place(2).map(|p| p.needed), Some(620));
         assert_eq!(h.take(2).map(|e| e.tokens), Some(200));
