@@ -413,3 +413,29 @@ async fn slots_a_llama_server_shows_are_learned_and_used() {
     );
     drop(held);
 }
+
+/// A llama.cpp server lists no models (it has no `/api/ps`) and runs the one it was started
+/// with: corral takes that model as loaded on every such node, so an idle one serves a new
+/// conversation rather than it waiting for the one node that has replied so far.
+#[tokio::test]
+async fn an_idle_llama_server_takes_a_new_conversation() {
+    let llama = |name: &str| {
+        let mut cfg = fast_node(name);
+        cfg.num_parallel = 1;
+        cfg.kind = corral::standin::StandinKind::LlamaCpp;
+        cfg
+    };
+    let nodes = futures::future::join_all(["x", "y"].map(|n| start(llama(n)))).await;
+    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 1)).collect(), "").await;
+
+    let first = turns("first conversation");
+    let (home, _, reply) = chat(&router, &first).await;
+    // The conversation's next turn keeps its node's only slot busy for a while.
+    let held = hold_turns(&router, &follow(first, reply, "Go on at length."), 4000).await;
+    assert_eq!(header(&held, "x-fleet-node"), home);
+
+    let (node, affinity, _) = chat(&router, &turns("second conversation")).await;
+    assert_eq!(affinity, "new");
+    assert_ne!(node, home, "the new conversation went to the idle node");
+    drop(held);
+}

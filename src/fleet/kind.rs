@@ -148,6 +148,13 @@ impl KindState {
         }
     }
 
+    /// A llama.cpp server runs the one model it was started with, whatever a request
+    /// names (`tools/server/server-context.cpp`; its router mode aside), and has no
+    /// `/api/ps` to say so: the model is loaded there.
+    pub fn serves_its_one_model(&self) -> bool {
+        self.kind == NodeKind::LlamaCpp
+    }
+
     /// A `/props` answer with slots says the node is a llama.cpp server.
     pub fn learn_props(&mut self) {
         if self.kind == NodeKind::Auto {

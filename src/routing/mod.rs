@@ -288,6 +288,9 @@ impl Router {
             let depth = state.in_flight + state.waiting;
             let total = settings.memory_bytes();
             let (footprint, resident) = node_memory(node, &inv, total, &mut sizes, model);
+            // A llama.cpp server lists no models (no /api/ps) and runs the one it has.
+            let resident =
+                resident || (inv.polled_at.is_none() && node.kind.lock().serves_its_one_model());
             let memory = Memory {
                 need,
                 total,

@@ -133,20 +133,32 @@ async fn not_found() -> (StatusCode, &'static str) {
     (StatusCode::NOT_FOUND, "404 page not found")
 }
 
+/// A llama-server has none of Ollama's `/api/*` routes (llama.cpp
+/// `tools/server/server.cpp`, the route table).
+fn lacks_ollama_api(node: &Node) -> bool {
+    node.cfg.kind == StandinKind::LlamaCpp
+}
+
 /// `/api/tags`: the models on disk.
-async fn tags(State(node): State<Arc<Node>>) -> Json<Value> {
+async fn tags(State(node): State<Arc<Node>>) -> Response {
+    if lacks_ollama_api(&node) {
+        return not_found().await.into_response();
+    }
     let models: Vec<Value> = node.cfg.models.iter().map(tag_entry).collect();
-    Json(json!({ "models": models }))
+    Json(json!({ "models": models })).into_response()
 }
 
 /// `/api/ps`: the resident models, most recently used first.
-async fn ps(State(node): State<Arc<Node>>) -> Json<Value> {
+async fn ps(State(node): State<Arc<Node>>) -> Response {
+    if lacks_ollama_api(&node) {
+        return not_found().await.into_response();
+    }
     let models = node.residency.with_ready(|resident| {
         let mut resident = resident.to_vec();
         resident.sort_by_key(|r| std::cmp::Reverse(r.last_used));
         resident.into_iter().map(ps_entry).collect::<Vec<_>>()
     });
-    Json(json!({ "models": models }))
+    Json(json!({ "models": models })).into_response()
 }
 
 fn ps_entry(r: &Resident) -> Value {

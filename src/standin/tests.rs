@@ -652,7 +652,9 @@ async fn llama_cpp_kind_shows_its_slots_in_props() -> TestResult {
     let props: Value = serde_json::from_str(&body)?;
     assert_eq!(props["total_slots"], 3);
     assert_eq!(props["default_generation_settings"]["n_ctx"], 8192);
-    assert_eq!(get(&node, "/api/version").await?.0, 404);
+    for path in ["/api/version", "/api/tags", "/api/ps"] {
+        assert_eq!(get(&node, path).await?.0, 404, "{path}");
+    }
 
     let mut ollama = cfg();
     ollama.kind = super::StandinKind::Ollama;
