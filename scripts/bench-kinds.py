@@ -3,7 +3,7 @@
 that follow one real server's rule each, at 1x and 2x as many live conversations as the
 fleet has slots, several seeds; prints median [min-max] per cell.
 
-Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy]
+Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy,llama-cpp,openai]
                               [--move-cost 2] [--policies corral,hash-by-slots,...]
 """
 import argparse
@@ -40,16 +40,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", default="target/release/corral-bench")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--kinds", default="ollama,ollama-legacy")
+    ap.add_argument("--kinds", default="ollama,ollama-legacy,llama-cpp,openai")
     ap.add_argument("--move-cost", type=float, default=0.0, help="corral's weights.move_cost")
     ap.add_argument("--policies", default=",".join(POLICIES))
     args = ap.parse_args()
     POLICIES[:] = args.policies.split(",")
-    print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | corral's prediction agrees |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | corral's prediction agrees | wrong predictions (claim->node@turn) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in args.kinds.split(","):
         for live in (SLOTS, 2 * SLOTS):
-            rows = {p: {"warm": [], "p50": [], "p90": [], "agree": [0, 0]} for p in POLICIES}
+            rows = {p: {"warm": [], "p50": [], "p90": [], "agree": [0, 0], "wrong": {}} for p in POLICIES}
             for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as out:
                     for p in run(args.bench, kind, live, seed, out, args.move_cost):
@@ -60,13 +60,18 @@ def main():
                         r["p90"].append(p["ttft_follow_up_ms"]["p90"])
                         r["agree"][0] += p["predictions_agreed"]
                         r["agree"][1] += p["predictions_checked"]
+                        for case, n in p.get("prediction_cases", {}).items():
+                            claim, verdict = case.split("@")[0].split("->")
+                            if (claim in ("hit", "host")) != (verdict == "warm"):
+                                r["wrong"][case] = r["wrong"].get(case, 0) + n
                 print(f"{kind} {live} seed {seed} done", file=sys.stderr)
             for p in POLICIES:
                 r = rows[p]
                 agree = (f"{r['agree'][0]}/{r['agree'][1]} ({100.0 * r['agree'][0] / r['agree'][1]:.0f}%)"
                          if r["agree"][1] else "")
+                wrong = ", ".join(f"{k} {v}" for k, v in sorted(r["wrong"].items()))
                 print(f"| {kind} | {live // SLOTS}x | {p} | {cell(r['warm'], '{:.1f}')} | "
-                      f"{cell(r['p50'], '{:.1f}')} | {cell(r['p90'], '{:.1f}')} | {agree} |")
+                      f"{cell(r['p50'], '{:.1f}')} | {cell(r['p90'], '{:.1f}')} | {agree} | {wrong} |")
             sys.stdout.flush()
 
 

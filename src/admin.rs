@@ -160,6 +160,9 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
         "success_ratio": node.success_ratio(),
         "memory_gb": settings.memory_gb,
         "num_parallel": settings.num_parallel,
+        // Slots the node showed itself (llama.cpp's /props); null while it has not.
+        "slots_shown": node.slots_shown(),
+        "kind": node.books(|b| b.kind.kind.as_str()),
         "roles": settings.roles,
         "health": node.health().as_str(),
         "breaker_open": node.health() == crate::fleet::State::Down,

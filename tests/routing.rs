@@ -379,3 +379,63 @@ async fn a_conversation_displaced_into_host_memory_goes_back_to_its_node() {
         "the node restored the conversation from its host cache: {served:?}"
     );
 }
+
+/// A llama.cpp server shows its slots in `/props`; corral, configured with the default
+/// `num_parallel` (1), learns them and runs that many requests there at once instead of
+/// queueing all but one.
+#[tokio::test]
+async fn slots_a_llama_server_shows_are_learned_and_used() {
+    let mut cfg = fast_node("llama");
+    cfg.num_parallel = 3;
+    cfg.kind = corral::standin::StandinKind::LlamaCpp;
+    let node = start(cfg).await;
+    let admin_port = free_port();
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 1)],
+        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
+    )
+    .await;
+    let fleet_url = format!("http://127.0.0.1:{admin_port}/fleet");
+    eventually("corral shows the node's 3 slots", async || {
+        get_json(&fleet_url).await["nodes"][0]["slots_shown"] == 3
+    })
+    .await;
+    let fleet = get_json(&fleet_url).await;
+    assert_eq!(fleet["nodes"][0]["kind"], "llama-cpp", "{fleet}");
+
+    // Three long replies at once: each gets its header only once corral admits it.
+    let texts: Vec<String> = (0..3).map(|i| format!("held conversation {i}")).collect();
+    let held = futures::future::join_all(texts.iter().map(|t| hold(&router, t, 4000))).await;
+    let fleet = get_json(&fleet_url).await;
+    assert_eq!(
+        fleet["nodes"][0]["models"][MODEL]["in_flight"], 3,
+        "all three ran at once: {fleet}"
+    );
+    drop(held);
+}
+
+/// A llama.cpp server lists no models (it has no `/api/ps`) and runs the one it was started
+/// with: corral takes that model as loaded on every such node, so an idle one serves a new
+/// conversation rather than it waiting for the one node that has replied so far.
+#[tokio::test]
+async fn an_idle_llama_server_takes_a_new_conversation() {
+    let llama = |name: &str| {
+        let mut cfg = fast_node(name);
+        cfg.num_parallel = 1;
+        cfg.kind = corral::standin::StandinKind::LlamaCpp;
+        cfg
+    };
+    let nodes = futures::future::join_all(["x", "y"].map(|n| start(llama(n)))).await;
+    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 1)).collect(), "").await;
+
+    let first = turns("first conversation");
+    let (home, _, reply) = chat(&router, &first).await;
+    // The conversation's next turn keeps its node's only slot busy for a while.
+    let held = hold_turns(&router, &follow(first, reply, "Go on at length."), 4000).await;
+    assert_eq!(header(&held, "x-fleet-node"), home);
+
+    let (node, affinity, _) = chat(&router, &turns("second conversation")).await;
+    assert_eq!(affinity, "new");
+    assert_ne!(node, home, "the new conversation went to the idle node");
+    drop(held);
+}

@@ -119,6 +119,50 @@ impl KindState {
     }
 }
 
+/// llama-server's `GET /props` (always served; only `POST /props` needs `--props`), the
+/// fields corral reads. llama.cpp `tools/server/server-context.cpp`, `get_res_props`:
+/// `total_slots` is `params.n_parallel` (`-np`), `default_generation_settings.n_ctx` the
+/// context of one slot.
+#[derive(Debug, Deserialize)]
+pub struct Props {
+    total_slots: Option<serde_json::Value>,
+}
+
+/// The slots a node's `/props` shows, if it is a llama-server's: a whole number of at least
+/// one, else nothing (another server's page, a proxy's error, a missing field).
+pub fn slots_from_props(body: &[u8]) -> Option<usize> {
+    let props: Props = serde_json::from_slice(body).ok()?;
+    let slots = props.total_slots?.as_u64()?;
+    usize::try_from(slots).ok().filter(|&n| n >= 1)
+}
+
+impl KindState {
+    /// Whether the poller should read `/props`: a llama.cpp server, or an undetected node
+    /// that has no `/api/version` (so it is no Ollama). Ollama has no `/props` route
+    /// (`server/routes.go`), nor do other OpenAI-compatible servers once detected.
+    pub fn may_have_props(&self, answered_version: bool) -> bool {
+        match self.kind {
+            NodeKind::LlamaCpp => true,
+            NodeKind::Auto => !answered_version,
+            NodeKind::Ollama | NodeKind::OllamaLegacy | NodeKind::Openai => false,
+        }
+    }
+
+    /// A llama.cpp server runs the one model it was started with, whatever a request
+    /// names (`tools/server/server-context.cpp`; its router mode aside), and has no
+    /// `/api/ps` to say so: the model is loaded there.
+    pub fn serves_its_one_model(&self) -> bool {
+        self.kind == NodeKind::LlamaCpp
+    }
+
+    /// A `/props` answer with slots says the node is a llama.cpp server.
+    pub fn learn_props(&mut self) {
+        if self.kind == NodeKind::Auto {
+            *self = KindState::configured(NodeKind::LlamaCpp);
+        }
+    }
+}
+
 /// Which cache report a reply carried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplyShape {
@@ -180,6 +224,40 @@ mod tests {
         s.learn_version("0.33.0");
         s.learn_reply_shape(ReplyShape::LlamaCppTimings);
         assert_eq!(s.kind, NodeKind::OllamaLegacy);
+    }
+
+    /// Shaped as llama.cpp builds `GET /props` (`get_res_props`), trimmed; -np 2.
+    #[test]
+    fn props_show_a_llama_server_slots() {
+        let real = br#"{"default_generation_settings":{"params":{"n_predict":-1},"n_ctx":2048},
+            "total_slots":2,"model_alias":"model.gguf","endpoint_slots":true,
+            "endpoint_props":false,"build_info":"b1-abc","is_sleeping":false}"#;
+        assert_eq!(slots_from_props(real), Some(2));
+        assert_eq!(slots_from_props(br#"{"total_slots":16}"#), Some(16));
+        // Not a llama-server, or nonsense: nothing learned.
+        assert_eq!(slots_from_props(b"404 page not found"), None);
+        assert_eq!(slots_from_props(br#"{"error":"not found"}"#), None);
+        assert_eq!(slots_from_props(br#"{"total_slots":0}"#), None);
+        assert_eq!(slots_from_props(br#"{"total_slots":-1}"#), None);
+        assert_eq!(slots_from_props(br#"{"total_slots":"2"}"#), None);
+    }
+
+    #[test]
+    fn props_are_read_only_where_a_node_may_have_them() {
+        let auto = KindState::default();
+        assert!(auto.may_have_props(false));
+        assert!(!auto.may_have_props(true));
+        let llama = KindState::configured(NodeKind::LlamaCpp);
+        assert!(llama.may_have_props(true));
+        for kind in [NodeKind::Ollama, NodeKind::OllamaLegacy, NodeKind::Openai] {
+            assert!(!KindState::configured(kind).may_have_props(false));
+        }
+        let mut s = KindState::default();
+        s.learn_props();
+        assert_eq!(s.kind, NodeKind::LlamaCpp);
+        let mut s = KindState::configured(NodeKind::Openai);
+        s.learn_props();
+        assert_eq!(s.kind, NodeKind::Openai);
     }
 
     #[test]

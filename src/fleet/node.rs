@@ -327,9 +327,19 @@ impl Node {
         self.learned_parallel.fetch_max(slots, Ordering::Relaxed);
     }
 
-    /// Records the slots the node showed.
-    pub fn learn_parallel(&self, slots: usize) {
-        self.learned_parallel.store(slots, Ordering::Relaxed);
+    /// Records the slots the node showed itself (llama.cpp's `/props`); returns the number
+    /// believed before.
+    pub fn learn_parallel(&self, slots: usize) -> usize {
+        self.learned_parallel.swap(slots, Ordering::Relaxed)
+    }
+
+    /// Slots the node showed, by `/props` or by running requests at once; `None` while it
+    /// has shown none.
+    pub fn slots_shown(&self) -> Option<usize> {
+        match self.learned_parallel.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
     }
 
     pub fn inventory(&self) -> Arc<Inventory> {

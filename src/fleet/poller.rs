@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::Fleet;
 use super::client::{GetError, NodeClient};
 use super::health::{Evidence, Rules};
+use super::kind::slots_from_props;
 use super::node::{Inventory, Node, Resident};
 use crate::request::normalize_model;
 
@@ -98,6 +99,10 @@ impl Poller {
             self.get::<ModelList>(node, "/api/ps"),
             self.get::<Version>(node, "/api/version"),
         );
+        let answered_version = version.is_ok();
+        if node.books(|b| b.kind.may_have_props(answered_version)) {
+            self.learn_slots(node).await;
+        }
         match (tags, ps) {
             (Ok(tags), Ok(ps)) => {
                 let mut inventory = inventory_of(started, tags, ps);
@@ -116,6 +121,25 @@ impl Poller {
         }
         // A cool-down that ran out: waiting requests may try the node now.
         self.fleet.announce(node);
+    }
+
+    /// Reads a llama.cpp server's slot count from `/props` (see [`slots_from_props`]); a
+    /// node that has none keeps its configured `num_parallel`.
+    async fn learn_slots(&self, node: &Node) {
+        let slots = match self.client.get(node, "/props").await {
+            Ok((200, body)) => slots_from_props(&body),
+            _ => None,
+        };
+        let Some(slots) = slots else {
+            return;
+        };
+        node.books(|b| b.kind.learn_props());
+        let before = node.learn_parallel(slots);
+        if before != slots {
+            log::info!("node {} shows {slots} slots (/props)", node.name());
+            // More slots may admit requests that are waiting now.
+            self.fleet.wakeups.fleet_changed();
+        }
     }
 
     /// Follows a node whose name now resolves elsewhere (a recreated container), or for

@@ -73,6 +73,9 @@ impl NodeView {
             let view = ModelView::read(books, model, parallel, policy, at);
             let (footprint, resident) =
                 node_memory(&books.models, &inv, memory_total, sizes, model);
+            // A llama.cpp server lists no models (no /api/ps) and runs the one it has.
+            let resident =
+                resident || (inv.polled_at.is_none() && books.kind.serves_its_one_model());
             (view, footprint, resident, books.success.get(at.now))
         });
         Some(NodeView {

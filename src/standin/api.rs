@@ -39,6 +39,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/api/tags", get(tags).head(tags))
         .route("/api/ps", get(ps))
         .route("/api/show", post(show))
+        .route("/props", get(props))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
         .route("/api/embed", post(ollama::embed_handler))
@@ -101,24 +102,63 @@ async fn version(State(node): State<Arc<Node>>) -> Response {
     }
 }
 
+/// llama-server's `GET /props`, as llama.cpp `tools/server/server-context.cpp`
+/// (`get_res_props`) builds it: `total_slots` is `-np`, `default_generation_settings.n_ctx`
+/// one slot's context; the fields a router reads, and a few more so a reader of the whole
+/// object finds it shaped as the real one. Ollama has no `/props` (`server/routes.go`),
+/// nor do other OpenAI-compatible servers.
+async fn props(State(node): State<Arc<Node>>) -> Response {
+    if node.cfg.kind != StandinKind::LlamaCpp {
+        return not_found().await.into_response();
+    }
+    let model = node.cfg.models.first();
+    Json(json!({
+        "default_generation_settings": {
+            "params": { "n_predict": -1 },
+            "n_ctx": model.map_or(0, |m| m.context_length),
+        },
+        "total_slots": node.cfg.num_parallel,
+        "model_alias": model.map_or("", |m| m.name.as_str()),
+        "model_path": model.map_or(String::new(), |m| format!("/models/{}.gguf", m.name)),
+        "endpoint_slots": true,
+        "endpoint_props": false,
+        "endpoint_metrics": false,
+        "build_info": "standin",
+        "is_sleeping": false,
+    }))
+    .into_response()
+}
+
 async fn not_found() -> (StatusCode, &'static str) {
     (StatusCode::NOT_FOUND, "404 page not found")
 }
 
+/// A llama-server has none of Ollama's `/api/*` routes (llama.cpp
+/// `tools/server/server.cpp`, the route table).
+fn lacks_ollama_api(node: &Node) -> bool {
+    node.cfg.kind == StandinKind::LlamaCpp
+}
+
 /// `/api/tags`: the models on disk.
-async fn tags(State(node): State<Arc<Node>>) -> Json<Value> {
+async fn tags(State(node): State<Arc<Node>>) -> Response {
+    if lacks_ollama_api(&node) {
+        return not_found().await.into_response();
+    }
     let models: Vec<Value> = node.cfg.models.iter().map(tag_entry).collect();
-    Json(json!({ "models": models }))
+    Json(json!({ "models": models })).into_response()
 }
 
 /// `/api/ps`: the resident models, most recently used first.
-async fn ps(State(node): State<Arc<Node>>) -> Json<Value> {
+async fn ps(State(node): State<Arc<Node>>) -> Response {
+    if lacks_ollama_api(&node) {
+        return not_found().await.into_response();
+    }
     let models = node.residency.with_ready(|resident| {
         let mut resident = resident.to_vec();
         resident.sort_by_key(|r| std::cmp::Reverse(r.last_used));
         resident.into_iter().map(ps_entry).collect::<Vec<_>>()
     });
-    Json(json!({ "models": models }))
+    Json(json!({ "models": models })).into_response()
 }
 
 fn ps_entry(r: &Resident) -> Value {

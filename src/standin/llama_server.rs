@@ -15,6 +15,12 @@
 //! - After a save the cache is searched (`load`) for the prompt that keeps more of itself
 //!   (at least a quarter) and covers more of the new prompt than the slot does; it is
 //!   restored into the slot and leaves the cache.
+//! - Once the task has its slot, every idle slot's prompt is saved too
+//!   (`--cache-idle-slots`, on by default with a host cache: `server-context.cpp`, the
+//!   `[TAG_IDLE_SLOT_CLEAR]` loop after `launch_slot_with_task`; `common/common.h`
+//!   `cache_idle_slots = true`). With `-np N` given, as Ollama gives it, the KV cache is not
+//!   unified and the slots keep their prompts: the cache holds copies of them, which take
+//!   its room and push older prompts out.
 
 use std::collections::VecDeque;
 
@@ -162,6 +168,18 @@ pub fn take_slot(
     Some((index, common_prefix_tokens(&slots[index].text, prompt)))
 }
 
+/// The idle-slot save after a task started (see the module's last rule): each idle slot's
+/// prompt is saved, skipped where the cache already holds it whole.
+pub fn save_idle_slots(slots: &[Slot], cache: &mut PromptCache) {
+    if cache.limit_tokens == 0 {
+        return;
+    }
+    for slot in slots.iter().filter(|s| !s.busy && !s.text.is_empty()) {
+        cache.save(&slot.text);
+        cache.update();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +229,30 @@ mod tests {
         assert_eq!(slots[0].text, B.as_bytes());
         assert_eq!(cache.len(), 1, "B left the cache, A went in");
         assert_eq!(cache.states[0], A.as_bytes());
+    }
+
+    #[test]
+    fn idle_slots_are_copied_into_the_cache_when_a_task_starts() {
+        let mut slots = [slot(A, false, 1), slot(B, true, 2), slot(C, false, 3)];
+        let mut cache = PromptCache::new(60);
+        cache.save(format!("<|user|>{}", "d".repeat(40)).as_bytes());
+        save_idle_slots(&slots, &mut cache);
+        // A and C (27 tokens each) saved, B busy; the older prompt went to make room.
+        assert_eq!(cache.len(), 2);
+        assert_eq!(cache.states[0], A.as_bytes());
+        assert_eq!(cache.states[1], C.as_bytes());
+        // Saved again unchanged: already held whole, nothing moves.
+        save_idle_slots(&slots, &mut cache);
+        assert_eq!(cache.states[0], A.as_bytes());
+        // A slot that grew replaces its older copy.
+        slots[0].text = format!("{A}<|assistant|>x").into_bytes();
+        save_idle_slots(&slots, &mut cache);
+        assert_eq!(cache.len(), 2);
+        assert!(cache.states.iter().all(|s| s.as_slice() != A.as_bytes()));
+        // Without a host cache nothing happens.
+        let mut none = PromptCache::new(0);
+        save_idle_slots(&slots, &mut none);
+        assert!(none.is_empty());
     }
 
     #[test]

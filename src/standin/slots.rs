@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::llama_server::{PromptCache, take_slot};
+use super::llama_server::{PromptCache, save_idle_slots, take_slot};
 use super::prompt::{common_prefix_tokens, tokens_in};
 
 /// One slot: the rendered text whose KV state it holds.
@@ -113,6 +113,9 @@ impl SlotTable {
         slot.busy = true;
         slot.last_used = self.tick();
         slot.text = prompt.to_vec();
+        if let Some(cache) = &self.prompt_cache {
+            save_idle_slots(&slots, &mut cache.lock());
+        }
         SlotLease {
             table: Arc::clone(self),
             index,

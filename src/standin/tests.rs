@@ -638,3 +638,27 @@ async fn the_demo_fleet_starts_and_refuses_what_cannot_fit() -> TestResult {
     assert_eq!(post(&nodes[1], "/api/generate", big).await?.0, 404);
     Ok(())
 }
+
+/// A llama-cpp stand-in answers `GET /props` as llama-server does (`total_slots` = `-np`,
+/// one slot's `n_ctx`); the Ollama kinds have no such route.
+#[tokio::test]
+async fn llama_cpp_kind_shows_its_slots_in_props() -> TestResult {
+    let mut llama = cfg();
+    llama.kind = super::StandinKind::LlamaCpp;
+    llama.num_parallel = 3;
+    let node = start(llama).await?;
+    let (status, body) = get(&node, "/props").await?;
+    assert_eq!(status, 200);
+    let props: Value = serde_json::from_str(&body)?;
+    assert_eq!(props["total_slots"], 3);
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 8192);
+    for path in ["/api/version", "/api/tags", "/api/ps"] {
+        assert_eq!(get(&node, path).await?.0, 404, "{path}");
+    }
+
+    let mut ollama = cfg();
+    ollama.kind = super::StandinKind::Ollama;
+    let node = start(ollama).await?;
+    assert_eq!(get(&node, "/props").await?.0, 404);
+    Ok(())
+}

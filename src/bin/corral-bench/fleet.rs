@@ -391,13 +391,19 @@ impl CorralProcess {
             metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics"),
             config,
         };
-        process.wait_ready(port).await?;
+        // A llama-server lists no models (no /api/tags): corral's merged list stays empty.
+        let nodes_list_models = fleet
+            .configs
+            .iter()
+            .any(|c| c.kind != StandinKind::LlamaCpp);
+        process.wait_ready(port, nodes_list_models).await?;
         Ok(process)
     }
 
     /// Waits until the port accepts connections and `/api/tags` lists the chat model (a
-    /// poll came in), then two more poll intervals so that every node has been read.
-    async fn wait_ready(&self, port: u16) -> Result<(), String> {
+    /// poll came in; where `nodes_list_models` is false, any answer does),
+    /// then two more poll intervals so that every node has been read.
+    async fn wait_ready(&self, port: u16, nodes_list_models: bool) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let client = reqwest::Client::new();
@@ -414,7 +420,7 @@ impl CorralProcess {
                     .filter(|r| r.status().is_success());
                 if let Some(resp) = listed {
                     let text = resp.text().await.unwrap_or_default();
-                    if text.contains(CHAT_MODEL) {
+                    if text.contains(CHAT_MODEL) || !nodes_list_models {
                         tokio::time::sleep(POLL_INTERVAL * 2).await;
                         return Ok(());
                     }

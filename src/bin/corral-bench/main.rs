@@ -173,6 +173,10 @@ struct ReplayArgs {
     /// Host prompt cache of llama-server based kinds, in tokens (`--cache-ram`).
     #[arg(long, default_value_t = 0)]
     cache_ram_tokens: u32,
+    /// The chat API clients use: ollama (`/api/chat`), openai (`/v1/chat/completions`),
+    /// or auto: what the node kind's users speak (openai for llama-cpp and openai nodes).
+    #[arg(long, default_value = "auto")]
+    api: String,
     /// corral's `weights.move_cost` (0, its default, leaves deciding in seconds off).
     #[arg(long, default_value_t = 0.0)]
     move_cost: f64,
@@ -301,6 +305,13 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             )
         })?,
         cache_ram_tokens: args.cache_ram_tokens,
+        api: match args.api.as_str() {
+            "auto" => None,
+            name => Some(
+                crate::client::ChatApi::parse(name)
+                    .ok_or_else(|| format!("--api {name}: use auto, ollama or openai"))?,
+            ),
+        },
         move_cost: args.move_cost,
         corral_bin: args.corral,
         out: args.out,

@@ -26,6 +26,8 @@ pub struct Env {
     /// Which real server every stand-in follows, and its host prompt cache in tokens.
     pub node_kind: StandinKind,
     pub cache_ram_tokens: u32,
+    /// The chat API the clients speak.
+    pub api: client::ChatApi,
     /// corral's `weights.move_cost`.
     pub move_cost: f64,
 }
@@ -79,6 +81,7 @@ struct RunCtx {
     corral_url: Option<String>,
     client: reqwest::Client,
     turn_timeout: Duration,
+    api: client::ChatApi,
 }
 
 pub async fn run(
@@ -117,6 +120,7 @@ pub async fn run(
         fleet,
         client,
         turn_timeout: env.turn_timeout,
+        api: env.api,
     });
 
     let started = Instant::now();
@@ -166,7 +170,8 @@ pub async fn run(
         corral_counts,
         elapsed,
         timed_out,
-        counts_cached: env.node_kind == StandinKind::Ollama,
+        // Over /v1 the client reads evaluated tokens directly (see client::Reply).
+        counts_cached: env.node_kind == StandinKind::Ollama && env.api == client::ChatApi::Ollama,
     })
 }
 
@@ -205,7 +210,7 @@ async fn send_turn(
     history: &[(&'static str, String)],
 ) -> (TurnRecord, String) {
     let messages: Vec<(&str, &str)> = history.iter().map(|(r, m)| (*r, m.as_str())).collect();
-    let body = client::chat_body(&c.model, &messages, ctx.spec.reply_tokens);
+    let body = client::chat_body(ctx.api, &c.model, &messages, ctx.spec.reply_tokens);
     let mut record = TurnRecord {
         turn,
         node: None,
@@ -239,7 +244,7 @@ async fn send_turn(
         }
     };
     record.node = chosen.as_ref().map(|f| f.node);
-    let result = client::chat(&ctx.client, &base, body, ctx.turn_timeout).await;
+    let result = client::chat(&ctx.client, ctx.api, &base, body, ctx.turn_timeout).await;
     drop(chosen);
     match result {
         Ok(reply) => {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+use corral::standin::ServedRequest;
 use serde::Serialize;
 
 use crate::fleet::{CorralCounts, NodeSpec, Plan, TimeScale};
@@ -98,6 +99,9 @@ pub struct PolicyStats {
     /// at least 16 cached tokens and a quarter of the prompt, corral's own threshold).
     pub predictions_checked: usize,
     pub predictions_agreed: usize,
+    /// The checked follow-ups by corral's claim, the node's verdict and the turn, e.g.
+    /// `host->cold@t1`: which predictions are wrong, and when.
+    pub prediction_cases: HashMap<String, usize>,
     /// Every follow-up TTFT, sorted, for the CDF plot.
     pub ttft_follow_up_samples_ms: Vec<f64>,
 }
@@ -160,6 +164,7 @@ pub fn stats(run: &Run) -> PolicyStats {
         follow_up_affinity,
         predictions_checked: by_log.checked,
         predictions_agreed: by_log.agreed,
+        prediction_cases: by_log.cases,
         ttft_follow_up_samples_ms: follow_up_samples,
     }
 }
@@ -179,6 +184,7 @@ struct LogWarmth {
     follow_up: WarmShare,
     checked: usize,
     agreed: usize,
+    cases: HashMap<String, usize>,
 }
 
 /// Finds each successful turn in its node's log by its prompt size, and takes the cached
@@ -189,7 +195,10 @@ struct LogWarmth {
 fn warm_from_logs(run: &Run, ok: &[&TurnRecord]) -> (LogWarmth, usize, usize) {
     let mut logged: HashMap<(usize, u32), Vec<u32>> = HashMap::new();
     for (node, log) in run.logs.iter().enumerate() {
-        for entry in log.iter().filter(|e| e.endpoint == "/api/chat") {
+        let chat = |e: &&ServedRequest| {
+            matches!(e.endpoint.as_str(), "/api/chat" | "/v1/chat/completions")
+        };
+        for entry in log.iter().filter(chat) {
             logged
                 .entry((node, entry.prompt_tokens))
                 .or_default()
@@ -241,6 +250,11 @@ impl LogWarmth {
             let warm = cached >= 16 && cached * 4 >= r.prompt_tokens;
             self.checked += 1;
             self.agreed += usize::from(predicted_warm == warm);
+            let verdict = if warm { "warm" } else { "cold" };
+            *self
+                .cases
+                .entry(format!("{affinity}->{verdict}@t{}", r.turn))
+                .or_default() += 1;
         }
     }
 }
@@ -654,7 +668,14 @@ fn affinity_note(p: &PolicyStats) -> String {
     let mut kinds: Vec<_> = p.follow_up_affinity.iter().collect();
     kinds.sort();
     let list: Vec<String> = kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    format!("; follow-up X-Fleet-Affinity: {}", list.join(", "))
+    let mut cases: Vec<_> = p.prediction_cases.iter().collect();
+    cases.sort();
+    let cases: Vec<String> = cases.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    format!(
+        "; follow-up X-Fleet-Affinity: {}; claim->node's verdict: {}",
+        list.join(", "),
+        cases.join(", ")
+    )
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ pub struct Options {
     pub scale: TimeScale,
     pub node_kind: corral::standin::StandinKind,
     pub cache_ram_tokens: u32,
+    /// The chat API clients use; `None`: the one the node kind's users speak.
+    pub api: Option<crate::client::ChatApi>,
     pub move_cost: f64,
     pub corral_bin: Option<PathBuf>,
     pub out: PathBuf,
@@ -36,6 +38,12 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
         run_timeout: std::time::Duration::from_secs(600),
         node_kind: opts.node_kind,
         cache_ram_tokens: opts.cache_ram_tokens,
+        api: opts.api.unwrap_or(match opts.node_kind {
+            corral::standin::StandinKind::LlamaCpp | corral::standin::StandinKind::Openai => {
+                crate::client::ChatApi::Openai
+            }
+            _ => crate::client::ChatApi::Ollama,
+        }),
         move_cost: opts.move_cost,
     };
     let mut workloads = Vec::new();
