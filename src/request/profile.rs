@@ -1,5 +1,8 @@
 //! Reading a request body once, without copying it, into what routing needs to know.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -157,7 +160,7 @@ impl Profile {
         if endpoint == Endpoint::OpenAiResponses {
             let input = parsed.input.map(RawValue::get).unwrap_or("null");
             text_bytes += input.len();
-            images = saturating_u32(input.matches("\"input_image\"").count());
+            images = saturating_u32(count(&INPUT_IMAGE, input));
             follow_up = responses_input_chain(input, &mut chain)?;
         } else if let Some(messages) = &parsed.messages {
             for m in messages {
@@ -166,8 +169,7 @@ impl Profile {
                 text_bytes += content.len() + tools.len();
                 let message_images = m.images.as_ref().map_or(0, Vec::len);
                 // OpenAI and Anthropic carry images as content parts.
-                let parts =
-                    content.matches("\"image_url\"").count() + content.matches("\"image\"").count();
+                let parts = count(&IMAGE_URL, content) + count(&IMAGE, content);
                 images = images.saturating_add(saturating_u32(message_images + parts));
                 follow_up |= m.role == "assistant";
                 if endpoint.generates() {
@@ -301,6 +303,19 @@ impl Profile {
             session: None,
         }
     }
+}
+
+/// The markers of image parts in content (`"image_url"`, `"image"`) and in a Responses
+/// `input` (`"input_image"`), searched with SIMD substring search: a long conversation's
+/// content is scanned for them once per marker.
+static IMAGE_URL: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""image_url""#));
+static IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""image""#));
+static INPUT_IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""input_image""#));
+
+/// Non-overlapping occurrences of the marker in `text`, as `str::matches(..).count()` counts
+/// them.
+fn count(marker: &Finder, text: &str) -> usize {
+    marker.find_iter(text.as_bytes()).count()
 }
 
 /// Counts past `u32::MAX` (bodies are bounded, but not by this code) stay at the maximum.
@@ -515,5 +530,60 @@ mod tests {
         assert_eq!(normalize_model("llama3"), "llama3:latest");
         assert_eq!(normalize_model("llama3:8b"), "llama3:8b");
         assert_eq!(normalize_model("host:5000/ns/m"), "host:5000/ns/m:latest");
+    }
+
+    proptest::proptest! {
+        /// The SIMD search counts image markers exactly as `str::matches` counted them, in
+        /// text made of the markers' own pieces (quotes, escapes, overlaps, non-ASCII).
+        #[test]
+        fn image_markers_count_as_str_matches(pieces in proptest::collection::vec(0usize..MARKER_PIECES.len(), 0..30)) {
+            let text: String = pieces.iter().map(|i| MARKER_PIECES[*i]).collect();
+            for (finder, marker) in [
+                (&IMAGE, "\"image\""),
+                (&IMAGE_URL, "\"image_url\""),
+                (&INPUT_IMAGE, "\"input_image\""),
+            ] {
+                proptest::prop_assert_eq!(count(finder, &text), text.matches(marker).count());
+            }
+        }
+    }
+
+    const MARKER_PIECES: &[&str] = &[
+        "\"",
+        "image",
+        "_url",
+        "input_",
+        "\\",
+        "\\\"",
+        "a",
+        "\u{e9}",
+        "\u{1f600}",
+        "{",
+        ":",
+    ];
+
+    #[test]
+    fn images_counted_in_every_shape() {
+        // Ollama's images list, OpenAI's image_url parts inside nested content, and tool
+        // calls carrying the word in their arguments (escaped: not a part).
+        let body = r#"{"model":"m","messages":[
+            {"role":"user","content":"look \"image\" caf\u00e9 \u2603","images":["aGk=","aGk="]},
+            {"role":"user","content":[{"type":"text","text":"two"},
+                {"type":"image_url","image_url":{"url":"data:image/png;base64,aGk="}},
+                {"type":"image_url","image_url":{"url":"https://x/y.png"}}]},
+            {"role":"assistant","content":"","tool_calls":[{"function":{"name":"f",
+                "arguments":"{\"image\":1}"}}]}]}"#;
+        let p = chat(body);
+        // 2 in `images`, and each image_url part names "image_url" twice (type and key).
+        assert_eq!(p.images, 2 + 4);
+        assert_eq!(p.chain.depth(), 3);
+        assert!(p.follow_up);
+        let responses = Profile::parse(
+            Endpoint::OpenAiResponses,
+            br#"{"model":"m","input":[{"role":"user","content":[
+              {"type":"input_image","image_url":"data:,"},{"type":"input_text","text":"\"input_image\""}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(responses.images, 1);
     }
 }
