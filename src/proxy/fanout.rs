@@ -22,7 +22,8 @@ use serde_json::value::RawValue;
 use tokio::sync::Notify;
 
 use super::RequestCtx;
-use super::forward::{Forwarder, Wait, peer, race, upstream_request};
+use super::forward::Forwarder;
+use super::relay::{Wait, peer, race, upstream_request};
 use super::usage::TokenUsage;
 use crate::config::Config;
 use crate::request::{Endpoint, Profile};
@@ -324,6 +325,7 @@ async fn send_chunk(
     let started = Instant::now();
     let reply = plan
         .forwarder
+        .upstream()
         .fetch(&peer, &request, &body, timeouts, MAX_CHUNK_REPLY)
         .await;
     let ok = matches!(&reply, Ok((status, _)) if (200..300).contains(status));

@@ -6,12 +6,14 @@
 
 mod access;
 mod access_log;
+mod account;
 mod body;
 mod fanout;
 mod forward;
 mod head;
 mod headers;
 mod local;
+mod relay;
 pub mod reply;
 mod respond;
 mod usage;
