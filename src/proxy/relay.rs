@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
@@ -18,6 +18,7 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 use prometheus::Histogram;
 
+use super::batch;
 use super::headers;
 use super::reply::Tail;
 use crate::config::Timeouts;
@@ -179,7 +180,8 @@ pub(super) struct Streamed {
     pub tail: Tail,
 }
 
-/// Copies the reply's body to the client as each chunk arrives, unbuffered, keeping the last
+/// Copies the reply's body to the client as each chunk arrives, unbuffered (chunks that
+/// arrived together are written together: see [`batch`]), keeping the last
 /// bytes to read the final chunk's statistics. `ttft` observes the time from `started` to
 /// the first chunk. The end of the client's body is written only for a complete reply.
 pub(super) async fn stream_back(
@@ -197,17 +199,36 @@ pub(super) async fn stream_back(
     });
     let mut ttfb = None;
     let mut bytes = 0;
+    // Reused for every write: once the client's write is done with a batch, its room is
+    // taken back (see `batch`).
+    let mut out = BytesMut::new();
     let end = loop {
-        match race(session, idle, upstream.read_body_bytes()).await {
+        match race(session, idle, upstream.read_body_ref()).await {
             Wait::Done(Ok(Some(chunk))) => {
                 if ttfb.is_none() {
                     let t = started.elapsed();
                     ttft.observe(t.as_secs_f64());
                     ttfb = Some(t);
                 }
-                tail.push(&chunk);
-                bytes += chunk.len();
-                session.write_response_body(Some(chunk), false).await?;
+                out.extend_from_slice(chunk);
+                let next = batch::read_ready(upstream, &mut out);
+                let chunks = out.split().freeze();
+                tail.push(&chunks);
+                bytes += chunks.len();
+                session.write_response_body(Some(chunks), false).await?;
+                match next {
+                    batch::Next::Wait => {}
+                    batch::Next::End => {
+                        session.write_response_body(None, true).await?;
+                        break End::Complete;
+                    }
+                    batch::Next::Failed(e) => {
+                        break End::Broken {
+                            kind: "broken_stream",
+                            reason: e.to_string(),
+                        };
+                    }
+                }
             }
             Wait::Done(Ok(None)) => {
                 session.write_response_body(None, true).await?;
