@@ -306,16 +306,24 @@ impl Profile {
 }
 
 /// The markers of image parts in content (`"image_url"`, `"image"`) and in a Responses
-/// `input` (`"input_image"`), searched with SIMD substring search: a long conversation's
-/// content is scanned for them once per marker.
+/// `input` (`"input_image"`), searched with SIMD substring search.
 static IMAGE_URL: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""image_url""#));
 static IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""image""#));
 static INPUT_IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""input_image""#));
 
-/// Non-overlapping occurrences of the marker in `text`, as `str::matches(..).count()` counts
-/// them.
-fn count(marker: &Finder, text: &str) -> usize {
-    marker.find_iter(text.as_bytes()).count()
+/// Non-overlapping occurrences of the marker in the JSON value `raw`, as
+/// `raw.matches(marker).count()` counts them.
+///
+/// Most content is one string, and a string needs no search: inside a JSON string token a
+/// quote is either a delimiter or escaped (`\"`), and a marker ends in a letter and a quote,
+/// so it can only occur as the token's very end.
+fn count(marker: &Finder, raw: &str) -> usize {
+    let raw = raw.as_bytes();
+    if raw.first() == Some(&b'"') {
+        usize::from(raw.ends_with(marker.needle()))
+    } else {
+        marker.find_iter(raw).count()
+    }
 }
 
 /// Counts past `u32::MAX` (bodies are bounded, but not by this code) stay at the maximum.
@@ -533,17 +541,50 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The SIMD search counts image markers exactly as `str::matches` counted them, in
-        /// text made of the markers' own pieces (quotes, escapes, overlaps, non-ASCII).
+        /// The markers are counted exactly as `str::matches` counted them, in JSON strings
+        /// (escaped quotes and backslashes, `\u` escapes, non-ASCII) and in lists and objects
+        /// made of the markers' own pieces.
         #[test]
-        fn image_markers_count_as_str_matches(pieces in proptest::collection::vec(0usize..MARKER_PIECES.len(), 0..30)) {
+        fn image_markers_count_as_str_matches(
+            pieces in proptest::collection::vec(0usize..MARKER_PIECES.len(), 0..30),
+            escape_unicode: bool,
+        ) {
             let text: String = pieces.iter().map(|i| MARKER_PIECES[*i]).collect();
-            for (finder, marker) in [
-                (&IMAGE, "\"image\""),
-                (&IMAGE_URL, "\"image_url\""),
-                (&INPUT_IMAGE, "\"input_image\""),
-            ] {
-                proptest::prop_assert_eq!(count(finder, &text), text.matches(marker).count());
+            let string = if escape_unicode {
+                // Quotes and non-ASCII as `\u` escapes, as some clients write them.
+                let escaped: String = text
+                    .chars()
+                    .map(|c| match c {
+                        '"' => "\\u0022".to_string(),
+                        '\\' => "\\\\".to_string(),
+                        '\n' => "\\n".to_string(),
+                        c if !c.is_ascii() => format!("\\u{:04x}", c as u32 & 0xffff),
+                        c => c.to_string(),
+                    })
+                    .collect();
+                format!("\"{escaped}\"")
+            } else {
+                serde_json::to_string(&text).unwrap()
+            };
+            let list = format!("[{string},{{\"type\":{string}}},\"x\"]");
+            // The text itself stands for raw lists and objects, which are searched; what
+            // starts with a quote in a body is always a whole string token.
+            let mut raws = vec![&string, &list];
+            if !text.starts_with('"') {
+                raws.push(&text);
+            }
+            for raw in raws {
+                for (finder, marker) in [
+                    (&IMAGE, "\"image\""),
+                    (&IMAGE_URL, "\"image_url\""),
+                    (&INPUT_IMAGE, "\"input_image\""),
+                ] {
+                    if raw.starts_with('"') {
+                        // Only a JSON string token takes the short way.
+                        proptest::prop_assert!(serde_json::from_str::<String>(raw).is_ok());
+                    }
+                    proptest::prop_assert_eq!(count(finder, raw), raw.matches(marker).count(), "{}", raw);
+                }
             }
         }
     }
@@ -560,6 +601,7 @@ mod tests {
         "\u{1f600}",
         "{",
         ":",
+        "\n",
     ];
 
     #[test]
