@@ -52,24 +52,36 @@ pub async fn read(
     if declared.is_some_and(|len| len > limit) {
         return Err(BodyError::TooLarge { limit });
     }
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(0));
+    // A body that comes in one read (Pingora reads up to 64 KiB at a time) is kept as that
+    // read gave it; a longer one is joined once, into room for all of it.
+    let mut single: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
     let reading = async {
         while let Some(chunk) = session
             .read_request_body()
             .await
             .map_err(|e| BodyError::Read(e.to_string()))?
         {
-            if body.len() + chunk.len() > limit {
+            let held = single.as_ref().map_or(joined.len(), Bytes::len);
+            if held + chunk.len() > limit {
                 return Err(BodyError::TooLarge { limit });
             }
-            body.extend_from_slice(&chunk);
+            match single.take() {
+                None if joined.is_empty() => single = Some(chunk),
+                None => joined.extend_from_slice(&chunk),
+                Some(first) => {
+                    joined.reserve(declared.unwrap_or(0).max(first.len() + chunk.len()));
+                    joined.extend_from_slice(&first);
+                    joined.extend_from_slice(&chunk);
+                }
+            }
         }
         Ok(())
     };
     tokio::time::timeout(within, reading)
         .await
         .map_err(|_| BodyError::Timeout)??;
-    Ok(body.freeze())
+    Ok(single.unwrap_or_else(|| joined.freeze()))
 }
 
 /// Reads and drops what is left of a refused body, for at most `within` and `max` bytes, so

@@ -7,6 +7,7 @@
 mod access;
 mod access_log;
 mod account;
+mod batch;
 mod body;
 mod fanout;
 mod forward;

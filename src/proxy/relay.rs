@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
@@ -17,6 +17,7 @@ use pingora_core::{Error, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 
+use super::batch;
 use super::headers;
 use super::reply::Tail;
 use crate::config::Timeouts;
@@ -178,10 +179,10 @@ pub(super) struct Streamed {
     pub tail: Tail,
 }
 
-/// Copies the reply's body to the client as each chunk arrives, unbuffered, keeping the last
-/// bytes to read the final chunk's statistics. `first_byte` is told the time from `started`
-/// to the first chunk when it comes. The end of the client's body is written only for a
-/// complete reply.
+/// Copies the reply's body to the client as each chunk arrives, unbuffered (chunks that
+/// arrived together are written together: see [`batch`]), keeping the last bytes to read
+/// the final chunk's statistics. `first_byte` is told the time from `started` to the first
+/// chunk when it comes. The end of the client's body is written only for a complete reply.
 pub(super) async fn stream_back(
     session: &mut Session,
     upstream: &mut HttpSession,
@@ -197,17 +198,36 @@ pub(super) async fn stream_back(
     });
     let mut ttfb = None;
     let mut bytes = 0;
+    // Reused for every write: once the client's write is done with a batch, its room is
+    // taken back (see `batch`).
+    let mut out = BytesMut::new();
     let end = loop {
-        match race(session, idle, upstream.read_body_bytes()).await {
+        match race(session, idle, upstream.read_body_ref()).await {
             Wait::Done(Ok(Some(chunk))) => {
                 if ttfb.is_none() {
                     let t = started.elapsed();
                     first_byte(t);
                     ttfb = Some(t);
                 }
-                tail.push(&chunk);
-                bytes += chunk.len();
-                session.write_response_body(Some(chunk), false).await?;
+                out.extend_from_slice(chunk);
+                let next = batch::read_ready(upstream, &mut out);
+                let chunks = out.split().freeze();
+                tail.push(&chunks);
+                bytes += chunks.len();
+                session.write_response_body(Some(chunks), false).await?;
+                match next {
+                    batch::Next::Wait => {}
+                    batch::Next::End => {
+                        session.write_response_body(None, true).await?;
+                        break End::Complete;
+                    }
+                    batch::Next::Failed(e) => {
+                        break End::Broken {
+                            kind: "broken_stream",
+                            reason: e.to_string(),
+                        };
+                    }
+                }
             }
             Wait::Done(Ok(None)) => {
                 session.write_response_body(None, true).await?;

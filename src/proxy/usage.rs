@@ -11,6 +11,8 @@
 //!   `input_tokens` + `cache_read_input_tokens`, `output_tokens`.
 //! - llama.cpp: `timings.prompt_n` + `timings.cache_n`, `timings.predicted_n`.
 
+use serde::Deserialize;
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 /// How many JSON objects from the end are looked at: usage is in the last two of every API.
@@ -33,8 +35,123 @@ pub fn find(tail: &[u8]) -> Option<TokenUsage> {
         .filter(|l| l.first() == Some(&b'{'))
         .rev()
         .take(LOOK_BACK)
-        .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
-        .find_map(|v| of(&v))
+        .find_map(|l| sparse_object(l).ok().and_then(|v| of(&v)))
+}
+
+/// The members of a reply object that [`of`] reads.
+const READ_KEYS: [&str; 5] = [
+    "usage",
+    "response",
+    "timings",
+    "prompt_eval_count",
+    "eval_count",
+];
+
+/// Parses a JSON object as `serde_json::from_slice::<Value>` does (the same texts accepted,
+/// the same refused, a repeated member's last value kept), but builds only the members that
+/// [`of`] reads: the others (a reply's text, a Responses event's output...) are checked and
+/// dropped. A final chunk is parsed once per reply, and building all of it was the costly
+/// part.
+fn sparse_object(text: &[u8]) -> serde_json::Result<Value> {
+    serde_json::from_slice::<Sparse>(text).map(|sparse| sparse.0)
+}
+
+struct Sparse(Value);
+
+impl<'de> Deserialize<'de> for Sparse {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Sparse, D::Error> {
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = Sparse;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Sparse, A::Error> {
+                let mut kept = serde_json::Map::new();
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key.0 {
+                        Some(name) => {
+                            kept.insert(name.to_string(), map.next_value::<Value>()?);
+                        }
+                        None => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(Sparse(Value::Object(kept)))
+            }
+        }
+        de.deserialize_any(Members)
+    }
+}
+
+/// An object key: which of [`READ_KEYS`] it is, if any. Read without allocating, checked as
+/// a `String` key is.
+struct Key(Option<&'static str>);
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Key, D::Error> {
+        struct Name;
+        impl<'de> Visitor<'de> for Name {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
+                Ok(Key(READ_KEYS.iter().copied().find(|k| *k == key)))
+            }
+        }
+        de.deserialize_str(Name)
+    }
+}
+
+/// Any JSON value, checked as building a `Value` would check it (strings as UTF-8 with valid
+/// escapes, the nesting limit), and dropped.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Checked, D::Error> {
+        struct Any;
+        impl<'de> Visitor<'de> for Any {
+            type Value = Checked;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_unit<E>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_none<E>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, de: D) -> Result<Checked, D::Error> {
+                Checked::deserialize(de)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+                while map.next_entry::<Key, Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+        }
+        de.deserialize_any(Any)
+    }
 }
 
 /// The usage one JSON object reports, if it reports any.
@@ -182,4 +299,102 @@ mod tests {
         assert_eq!(usage("data: {\"choices\":[]}\n\ndata: [DONE]\n\n"), None);
         assert_eq!(usage("{\"usage\":{\"prompt_tok"), None);
     }
+
+    /// What `find` read before objects were parsed sparsely: the whole object as a `Value`.
+    fn find_by_value(tail: &[u8]) -> Option<TokenUsage> {
+        tail.split(|b| *b == b'\n')
+            .map(<[u8]>::trim_ascii)
+            .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
+            .filter(|l| l.first() == Some(&b'{'))
+            .rev()
+            .take(LOOK_BACK)
+            .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+            .find_map(|v| of(&v))
+    }
+
+    #[test]
+    fn sparse_parse_accepts_and_refuses_what_value_does() {
+        let deep = format!(
+            r#"{{"x":{}1{},"prompt_eval_count":1}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let cases: Vec<Vec<u8>> = vec![
+            br#"{"prompt_eval_count":1,"message":{"content":"\ud800"}}"#.to_vec(),
+            b"{\"prompt_eval_count\":1,\"message\":\"\xff\"}".to_vec(),
+            br#"{"prompt_eval_count":1,"message":"\q"}"#.to_vec(),
+            br#"{"prompt_eval_count":1,"message":"a\u00e9\n"}"#.to_vec(),
+            br#"{"prompt_eval_count":1} x"#.to_vec(),
+            br#"{"prompt_eval_count":1,"prompt_eval_count":7,"eval_count":2}"#.to_vec(),
+            br#"{"usage":{"prompt_tokens":3},"usage":5,"prompt_eval_count":4}"#.to_vec(),
+            br#"{"prompt_eval_count":-1,"eval_count":2.5}"#.to_vec(),
+            br#"{"prompt_eval_count":18446744073709551616}"#.to_vec(),
+            br#"{"prompt\u005feval_count":9}"#.to_vec(),
+            br#"{"a":[1,{"b":null,"c":[true,false]}],"timings":{"prompt_n":2}}"#.to_vec(),
+            deep.into_bytes(),
+        ];
+        for case in &cases {
+            let text = String::from_utf8_lossy(case);
+            let whole = serde_json::from_slice::<Value>(case);
+            let sparse = sparse_object(case);
+            assert_eq!(whole.is_ok(), sparse.is_ok(), "{text}");
+            assert_eq!(
+                whole.ok().and_then(|v| of(&v)),
+                sparse.ok().and_then(|v| of(&v)),
+                "{text}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Over replies built from the fields every API uses, valid or broken, sparse parsing
+        /// finds the usage that parsing whole objects found.
+        #[test]
+        fn sparse_find_matches_value_find(pieces in proptest::collection::vec(0usize..PIECES.len(), 0..40)) {
+            let tail: String = pieces.iter().map(|i| PIECES[*i]).collect();
+            proptest::prop_assert_eq!(find(tail.as_bytes()), find_by_value(tail.as_bytes()));
+        }
+    }
+
+    const PIECES: &[&str] = &[
+        "\n",
+        "data: ",
+        "{",
+        "}",
+        ",",
+        ":",
+        "[",
+        "]",
+        "\"usage\":",
+        "\"response\":",
+        "\"timings\":",
+        "\"prompt_eval_count\":",
+        "\"eval_count\":",
+        "\"prompt_tokens\":",
+        "\"completion_tokens\":",
+        "\"prompt_tokens_details\":",
+        "\"cached_tokens\":",
+        "\"input_tokens\":",
+        "\"output_tokens\":",
+        "\"cache_read_input_tokens\":",
+        "\"input_tokens_details\":",
+        "\"prompt_n\":",
+        "\"cache_n\":",
+        "\"predicted_n\":",
+        "\"message\":",
+        "\"content\":",
+        "\"text \\u00e9\\n\"",
+        "\"\\ud800\"",
+        "12",
+        "-3",
+        "4.5",
+        "null",
+        "true",
+        "\"x\"",
+        "{\"prompt_eval_count\":5,\"eval_count\":2}",
+        "{\"usage\":{\"prompt_tokens\":9,\"prompt_tokens_details\":{\"cached_tokens\":7}}}",
+        "{\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":20}}}",
+        "{\"timings\":{\"prompt_n\":3,\"cache_n\":90}}",
+        "[DONE]",
+    ];
 }

@@ -1,5 +1,8 @@
 //! Reading a request body once, without copying it, into what routing needs to know.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -157,7 +160,7 @@ impl Profile {
         if endpoint == Endpoint::OpenAiResponses {
             let input = parsed.input.map(RawValue::get).unwrap_or("null");
             text_bytes += input.len();
-            images = saturating_u32(input.matches("\"input_image\"").count());
+            images = saturating_u32(count(&INPUT_IMAGE, input));
             follow_up = responses_input_chain(input, &mut chain)?;
         } else if let Some(messages) = &parsed.messages {
             for m in messages {
@@ -166,8 +169,7 @@ impl Profile {
                 text_bytes += content.len() + tools.len();
                 let message_images = m.images.as_ref().map_or(0, Vec::len);
                 // OpenAI and Anthropic carry images as content parts.
-                let parts =
-                    content.matches("\"image_url\"").count() + content.matches("\"image\"").count();
+                let parts = count(&IMAGE_URL, content) + count(&IMAGE, content);
                 images = images.saturating_add(saturating_u32(message_images + parts));
                 follow_up |= m.role == "assistant";
                 if endpoint.generates() {
@@ -300,6 +302,27 @@ impl Profile {
             conversation: 0,
             session: None,
         }
+    }
+}
+
+/// The markers of image parts in content (`"image_url"`, `"image"`) and in a Responses
+/// `input` (`"input_image"`), searched with SIMD substring search.
+static IMAGE_URL: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""image_url""#));
+static IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""image""#));
+static INPUT_IMAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br#""input_image""#));
+
+/// Non-overlapping occurrences of the marker in the JSON value `raw`, as
+/// `raw.matches(marker).count()` counts them.
+///
+/// Most content is one string, and a string needs no search: inside a JSON string token a
+/// quote is either a delimiter or escaped (`\"`), and a marker ends in a letter and a quote,
+/// so it can only occur as the token's very end.
+fn count(marker: &Finder, raw: &str) -> usize {
+    let raw = raw.as_bytes();
+    if raw.first() == Some(&b'"') {
+        usize::from(raw.ends_with(marker.needle()))
+    } else {
+        marker.find_iter(raw).count()
     }
 }
 
@@ -515,5 +538,94 @@ mod tests {
         assert_eq!(normalize_model("llama3"), "llama3:latest");
         assert_eq!(normalize_model("llama3:8b"), "llama3:8b");
         assert_eq!(normalize_model("host:5000/ns/m"), "host:5000/ns/m:latest");
+    }
+
+    proptest::proptest! {
+        /// The markers are counted exactly as `str::matches` counted them, in JSON strings
+        /// (escaped quotes and backslashes, `\u` escapes, non-ASCII) and in lists and objects
+        /// made of the markers' own pieces.
+        #[test]
+        fn image_markers_count_as_str_matches(
+            pieces in proptest::collection::vec(0usize..MARKER_PIECES.len(), 0..30),
+            escape_unicode: bool,
+        ) {
+            let text: String = pieces.iter().map(|i| MARKER_PIECES[*i]).collect();
+            let string = if escape_unicode {
+                // Quotes and non-ASCII as `\u` escapes, as some clients write them.
+                let escaped: String = text
+                    .chars()
+                    .map(|c| match c {
+                        '"' => "\\u0022".to_string(),
+                        '\\' => "\\\\".to_string(),
+                        '\n' => "\\n".to_string(),
+                        c if !c.is_ascii() => format!("\\u{:04x}", c as u32 & 0xffff),
+                        c => c.to_string(),
+                    })
+                    .collect();
+                format!("\"{escaped}\"")
+            } else {
+                serde_json::to_string(&text).unwrap()
+            };
+            let list = format!("[{string},{{\"type\":{string}}},\"x\"]");
+            // The text itself stands for raw lists and objects, which are searched; what
+            // starts with a quote in a body is always a whole string token.
+            let mut raws = vec![&string, &list];
+            if !text.starts_with('"') {
+                raws.push(&text);
+            }
+            for raw in raws {
+                for (finder, marker) in [
+                    (&IMAGE, "\"image\""),
+                    (&IMAGE_URL, "\"image_url\""),
+                    (&INPUT_IMAGE, "\"input_image\""),
+                ] {
+                    if raw.starts_with('"') {
+                        // Only a JSON string token takes the short way.
+                        proptest::prop_assert!(serde_json::from_str::<String>(raw).is_ok());
+                    }
+                    proptest::prop_assert_eq!(count(finder, raw), raw.matches(marker).count(), "{}", raw);
+                }
+            }
+        }
+    }
+
+    const MARKER_PIECES: &[&str] = &[
+        "\"",
+        "image",
+        "_url",
+        "input_",
+        "\\",
+        "\\\"",
+        "a",
+        "\u{e9}",
+        "\u{1f600}",
+        "{",
+        ":",
+        "\n",
+    ];
+
+    #[test]
+    fn images_counted_in_every_shape() {
+        // Ollama's images list, OpenAI's image_url parts inside nested content, and tool
+        // calls carrying the word in their arguments (escaped: not a part).
+        let body = r#"{"model":"m","messages":[
+            {"role":"user","content":"look \"image\" caf\u00e9 \u2603","images":["aGk=","aGk="]},
+            {"role":"user","content":[{"type":"text","text":"two"},
+                {"type":"image_url","image_url":{"url":"data:image/png;base64,aGk="}},
+                {"type":"image_url","image_url":{"url":"https://x/y.png"}}]},
+            {"role":"assistant","content":"","tool_calls":[{"function":{"name":"f",
+                "arguments":"{\"image\":1}"}}]}]}"#;
+        let p = chat(body);
+        // 2 in `images`, and each image_url part names "image_url" twice (type and key).
+        assert_eq!(p.images, 2 + 4);
+        assert_eq!(p.chain.depth(), 3);
+        assert!(p.follow_up);
+        let responses = Profile::parse(
+            Endpoint::OpenAiResponses,
+            br#"{"model":"m","input":[{"role":"user","content":[
+              {"type":"input_image","image_url":"data:,"},{"type":"input_text","text":"\"input_image\""}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(responses.images, 1);
     }
 }
