@@ -159,8 +159,12 @@ fn node_status(node: &Node, healthy: bool, now: Instant) -> Value {
         "healthy": healthy,
         "success_ratio": node.success_ratio(),
         "memory_gb": settings.memory_gb,
-        "num_parallel": settings.num_parallel,
-        // Slots the node showed itself (llama.cpp's /props); null while it has not.
+        // As configured; null when unset (corral probes for it).
+        "num_parallel": (settings.num_parallel > 0).then_some(settings.num_parallel),
+        // What corral sends it at once per model now: configured, shown or probed.
+        "parallel": node.parallel(),
+        // Slots the node showed itself (llama.cpp's /props, or requests run at once); null
+        // while it has shown none.
         "slots_shown": node.slots_shown(),
         "kind": node.books(|b| b.kind.kind.as_str()),
         "roles": settings.roles,

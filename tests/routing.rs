@@ -402,6 +402,9 @@ async fn slots_a_llama_server_shows_are_learned_and_used() {
     .await;
     let fleet = get_json(&fleet_url).await;
     assert_eq!(fleet["nodes"][0]["kind"], "llama-cpp", "{fleet}");
+    // Configured 1, shown 3: corral sends 3 at once.
+    assert_eq!(fleet["nodes"][0]["num_parallel"], 1, "{fleet}");
+    assert_eq!(fleet["nodes"][0]["parallel"], 3, "{fleet}");
 
     // Three long replies at once: each gets its header only once corral admits it.
     let texts: Vec<String> = (0..3).map(|i| format!("held conversation {i}")).collect();
