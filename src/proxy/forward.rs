@@ -359,8 +359,8 @@ impl Forwarder {
         .await?;
         ctx.ttfb = streamed.ttfb;
         ctx.bytes_out += streamed.bytes;
-        match streamed.end {
-            End::Complete => {}
+        let last = match streamed.end {
+            End::Complete { last } => last,
             End::ClientGone => {
                 // Dropping the upstream session closes its connection, which makes
                 // Ollama cancel the generation.
@@ -380,7 +380,7 @@ impl Forwarder {
                 let shape = attempt.profile.endpoint.error_shape();
                 return relay::end_broken(session, framing, node.name(), &reason, shape).await;
             }
-        }
+        };
         let answered = Answered {
             fleet,
             node,
@@ -391,6 +391,7 @@ impl Forwarder {
             labels,
         };
         self.account.settle(ctx, dispatch, answered);
+        relay::end_reply(session, last).await?;
         self.upstream.release(upstream, peer).await;
         Ok(())
     }

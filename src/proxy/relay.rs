@@ -162,8 +162,10 @@ impl Upstream {
 
 /// How streaming a reply back ended.
 pub(super) enum End {
-    /// The node's reply ended and the client has all of it.
-    Complete,
+    /// The node's reply ended. The client has all of it but `last` (the final bytes, where
+    /// they came in the batch that ended the reply) and the end of the body, which the caller
+    /// writes ([`end_reply`]) once the request's books are settled.
+    Complete { last: Option<Bytes> },
     /// The node stopped before the end of its reply; the label is the `kind` of
     /// `corral_upstream_errors_total`.
     Broken { kind: &'static str, reason: String },
@@ -182,7 +184,7 @@ pub(super) struct Streamed {
 /// Copies the reply's body to the client as each chunk arrives, unbuffered (chunks that
 /// arrived together are written together: see [`batch`]), keeping the last bytes to read
 /// the final chunk's statistics. `first_byte` is told the time from `started` to the first
-/// chunk when it comes. The end of the client's body is written only for a complete reply.
+/// chunk when it comes. The end of the client's body is not written: see [`End::Complete`].
 pub(super) async fn stream_back(
     session: &mut Session,
     upstream: &mut HttpSession,
@@ -214,13 +216,13 @@ pub(super) async fn stream_back(
                 let chunks = out.split().freeze();
                 tail.push(&chunks);
                 bytes += chunks.len();
+                if let batch::Next::End = next {
+                    // The reply's last bytes wait for the books: see `End::Complete`.
+                    break End::Complete { last: Some(chunks) };
+                }
                 session.write_response_body(Some(chunks), false).await?;
                 match next {
-                    batch::Next::Wait => {}
-                    batch::Next::End => {
-                        session.write_response_body(None, true).await?;
-                        break End::Complete;
-                    }
+                    batch::Next::Wait | batch::Next::End => {}
                     batch::Next::Failed(e) => {
                         break End::Broken {
                             kind: "broken_stream",
@@ -229,10 +231,7 @@ pub(super) async fn stream_back(
                     }
                 }
             }
-            Wait::Done(Ok(None)) => {
-                session.write_response_body(None, true).await?;
-                break End::Complete;
-            }
+            Wait::Done(Ok(None)) => break End::Complete { last: None },
             Wait::Done(Err(e)) => {
                 break End::Broken {
                     kind: "broken_stream",
@@ -254,6 +253,16 @@ pub(super) async fn stream_back(
         bytes,
         tail,
     })
+}
+
+/// Writes a complete reply's last bytes and ends the client's body. Called after the
+/// request's books are settled, so that a client sending its next turn the moment this one
+/// ends finds the node's slot free, not its own previous request still counted there.
+pub(super) async fn end_reply(session: &mut Session, last: Option<Bytes>) -> Result<()> {
+    if let Some(last) = last {
+        session.write_response_body(Some(last), false).await?;
+    }
+    session.write_response_body(None, true).await
 }
 
 /// Ends a reply the node broke off: with an error in the stream's own format where it has
