@@ -545,22 +545,16 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(node.lock_books().models["m:latest"].slots[0].lineage, 7);
+        let set_in_flight =
+            |n: u32| node.books(|b| b.models.get_mut("m:latest").unwrap().in_flight = n);
         // Nor does one taken while a request for it runs (the model is loading).
-        node.lock_books()
-            .models
-            .get_mut("m:latest")
-            .unwrap()
-            .in_flight = 1;
+        set_in_flight(1);
         node.update_inventory(Inventory {
             polled_at: Some(Instant::now()),
             ..Default::default()
         });
         assert_eq!(node.lock_books().models["m:latest"].slots[0].lineage, 7);
-        node.lock_books()
-            .models
-            .get_mut("m:latest")
-            .unwrap()
-            .in_flight = 0;
+        set_in_flight(0);
         // A later poll that sees the model gone does.
         node.update_inventory(Inventory {
             polled_at: Some(Instant::now()),

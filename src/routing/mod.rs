@@ -284,12 +284,7 @@ impl Router {
                 // there, but a request tries them when no node that admits requests is left,
                 // rather than refuse one that a node might still serve.
                 let standby = !self.fleet.is_healthy(node);
-                // A node's slots are known when configured or settled by a probe; until
-                // then the number corral believes may be a lower bound, to be probed rather
-                // than worked around with another load.
-                let told = node.settings().num_parallel > 0;
-                let slots_known = told || self.probes.settled(node.id, node.parallel());
-                NodeView::take(node, model, standby, slots_known, &mut sizes, &at)
+                NodeView::take(node, model, standby, &self.probes, &mut sizes, &at)
             })
             .collect();
         for v in &mut views {

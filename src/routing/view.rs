@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::parallel::Probes;
 use super::placement::{self, Footprint};
 use super::slots::{SlotPolicy, displaces_warm};
 use crate::config::NodeConfig;
@@ -56,7 +57,7 @@ impl NodeView {
         node: &Arc<Node>,
         model: &str,
         standby: bool,
-        slots_known: bool,
+        probes: &Probes,
         sizes: &mut ModelSizes,
         at: &Moment,
     ) -> Option<NodeView> {
@@ -67,6 +68,10 @@ impl NodeView {
             return None;
         }
         let parallel = node.parallel();
+        // Its slots are known when configured or settled by a probe; until then the number
+        // corral believes may be a lower bound, to be probed rather than worked around with
+        // another load.
+        let slots_known = settings.num_parallel > 0 || probes.settled(node.id, parallel);
         let memory_total = settings.memory_bytes();
         let (model_view, footprint, resident, success_ratio) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
@@ -276,7 +281,7 @@ mod tests {
             ttl: Duration::from_secs(300),
             live: Duration::from_secs(300),
         };
-        NodeView::take(node, model, false, true, &mut sizes, &at)
+        NodeView::take(node, model, false, &Probes::default(), &mut sizes, &at)
     }
 
     #[test]
