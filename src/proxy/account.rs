@@ -22,8 +22,6 @@ pub(super) struct Answered<'a> {
     pub fleet: &'a Fleet,
     pub node: &'a Arc<Node>,
     pub profile: &'a Profile,
-    pub status: u16,
-    pub ttfb: Option<std::time::Duration>,
     pub tail: &'a Tail,
     /// `[node, model]` metric labels.
     pub labels: [&'a str; 2],
@@ -77,10 +75,11 @@ impl Account {
     }
 
     /// Settles a reply that ended normally: what its final chunk showed goes to the metrics,
-    /// the access log and the node's books, and the request's slot is released.
+    /// the access log and the node's books, and the request's slot is released. The reply's
+    /// status and first byte are as `ctx` recorded them.
     pub fn settle(&self, ctx: &mut RequestCtx, mut dispatch: Dispatch, reply: Answered) {
         let stats = reply.tail.last_object().and_then(ReplyStats::parse);
-        let ok = reply.status < 500;
+        let ok = ctx.status < 500;
         if !ok {
             self.upstream_error(reply.labels[0], "status_5xx");
         }
@@ -102,14 +101,14 @@ impl Account {
             ctx.cache = Some(o.observed.as_str());
         }
         if ok
-            && reply.status < 400
+            && ctx.status < 400
             && let Some(usage) = super::usage::find(reply.tail.bytes())
         {
             self.usage(&ctx.client, reply.labels[1], usage);
         }
         dispatch.finish(Outcome {
             ok,
-            ttfb: reply.ttfb,
+            ttfb: ctx.ttfb,
             prefill_tps: dispatch.prefill_tps(),
             decode_tps: stats.as_ref().and_then(ReplyStats::decode_tps),
         });

@@ -385,8 +385,6 @@ impl Forwarder {
             fleet,
             node,
             profile: attempt.profile,
-            status,
-            ttfb: streamed.ttfb,
             tail: &streamed.tail,
             labels,
         };
