@@ -4,7 +4,7 @@ that follow one real server's rule each, at 1x and 2x as many live conversations
 fleet has slots, several seeds; prints median [min-max] per cell.
 
 Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy,llama-cpp,openai]
-                              [--move-cost 2] [--policies corral,hash-by-slots,...]
+                              [--move-cost 2] [--policies corral,hash-by-slots,...] [--time-scale 10]
 """
 import argparse
 import json
@@ -17,13 +17,13 @@ POLICIES = ["corral", "hash-by-slots", "least-per-slot", "random-resident"]
 SLOTS = 12  # the replay fleet's slots for the chat model (4 + 4 + 2 + 2)
 
 
-def run(bench, kind, live, seed, out, move_cost):
+def run(bench, kind, live, seed, out, move_cost, time_scale):
     cmd = [
         bench, "replay", "--workload", "long-chat", "--conversations", "24",
         "--concurrency", str(live), "--turns", "4", "--prompt-tokens", "8000",
         "--node-kind", kind, "--cache-ram-tokens", "40000",
         "--policy", ",".join(POLICIES), "--seed", str(seed), "--out", out, "--no-plots",
-        "--move-cost", str(move_cost),
+        "--move-cost", str(move_cost), "--time-scale", str(time_scale),
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(f"{out}/replay.json") as f:
@@ -43,21 +43,27 @@ def main():
     ap.add_argument("--kinds", default="ollama,ollama-legacy,llama-cpp,openai")
     ap.add_argument("--move-cost", type=float, default=0.0, help="corral's weights.move_cost")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--time-scale", type=float, default=40.0,
+                    help="real durations divided by this; lower is slower and less sensitive to the machine's load")
     args = ap.parse_args()
     POLICIES[:] = args.policies.split(",")
-    print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | corral's prediction agrees | wrong predictions (claim->node@turn) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | first-turn TTFT p50 ms | mean TTFT, all turns, ms | follow-ups moved | corral's prediction agrees | wrong predictions (claim->node@turn) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in args.kinds.split(","):
         for live in (SLOTS, 2 * SLOTS):
-            rows = {p: {"warm": [], "p50": [], "p90": [], "agree": [0, 0], "wrong": {}} for p in POLICIES}
+            rows = {p: {"warm": [], "p50": [], "p90": [], "first": [], "mean": [], "moved": [], "agree": [0, 0], "wrong": {}}
+                    for p in POLICIES}
             for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as out:
-                    for p in run(args.bench, kind, live, seed, out, args.move_cost):
+                    for p in run(args.bench, kind, live, seed, out, args.move_cost, args.time_scale):
                         r = rows[p["policy"]]
                         w = p["follow_up_warm"]
                         r["warm"].append(100.0 * w["cached_tokens"] / max(1, w["prompt_tokens"]))
                         r["p50"].append(p["ttft_follow_up_ms"]["p50"])
                         r["p90"].append(p["ttft_follow_up_ms"]["p90"])
+                        r["first"].append(p["ttft_first_ms"]["p50"])
+                        r["mean"].append(p["ttft_mean_ms"])
+                        r["moved"].append(p["follow_ups_moved"])
                         r["agree"][0] += p["predictions_agreed"]
                         r["agree"][1] += p["predictions_checked"]
                         for case, n in p.get("prediction_cases", {}).items():
@@ -71,7 +77,8 @@ def main():
                          if r["agree"][1] else "")
                 wrong = ", ".join(f"{k} {v}" for k, v in sorted(r["wrong"].items()))
                 print(f"| {kind} | {live // SLOTS}x | {p} | {cell(r['warm'], '{:.1f}')} | "
-                      f"{cell(r['p50'], '{:.1f}')} | {cell(r['p90'], '{:.1f}')} | {agree} | {wrong} |")
+                      f"{cell(r['p50'], '{:.1f}')} | {cell(r['p90'], '{:.1f}')} | {cell(r['first'], '{:.1f}')} | "
+                      f"{cell(r['mean'], '{:.1f}')} | {cell(r['moved'], '{:.0f}')} | {agree} | {wrong} |")
             sys.stdout.flush()
 
 

@@ -145,9 +145,12 @@ impl Router {
             let (index, lineage) = continued.unwrap_or_else(|| {
                 // A conversation restored from the host cache leaves it, and goes on in
                 // its own lineage if the request continues it.
-                let restored = pin
-                    .filter(|pin| pin.in_host)
-                    .and_then(|pin| state.warm.host.take(pin.lineage).map(|_| pin));
+                let restored = pin.filter(|pin| pin.in_host).and_then(|pin| {
+                    let entry = state.warm.host.take(pin.lineage)?;
+                    self.turn_gaps
+                        .record(now.saturating_duration_since(entry.last_used));
+                    Some(pin)
+                });
                 let lineage = match restored {
                     Some(pin) if pin.continues => pin.lineage,
                     _ => self.next_lineage.fetch_add(1, Ordering::Relaxed),
@@ -173,7 +176,7 @@ impl Router {
                         lineage: displaced.lineage,
                         depth: displaced.depth,
                         tokens: displaced.tokens,
-                        saved_at: now,
+                        last_used: displaced.last_used.unwrap_or(now),
                     };
                     state.warm.host.save(saved);
                 }

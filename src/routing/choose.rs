@@ -24,6 +24,8 @@ pub struct Request {
     pub pin_node: Option<u16>,
     /// The decision's instant, against which speed history ages.
     pub now: Instant,
+    /// The usual pause between a conversation's turns, seconds, once seen.
+    pub pause_s: Option<f64>,
 }
 
 /// Scores every node in `views` for the request and ranks them best first: live nodes
@@ -44,8 +46,9 @@ pub fn rank(
         size: request.need.map(signals::size_class),
     };
     let mut ranked = Vec::with_capacity(views.len());
-    // Per candidate, in the same order: expected wait and cold prefill rate, where measured.
-    let mut timing: Vec<(Option<f64>, Option<f64>)> = Vec::with_capacity(views.len());
+    // Per candidate, in the same order: expected wait and cold prefill rate, where measured,
+    // and its live conversations and warm room.
+    let mut starts: Vec<Start> = Vec::with_capacity(views.len());
     // Per candidate, in the same order: what a second home for the model needs to know.
     let mut homes: Vec<Home> = Vec::with_capacity(views.len());
     let mut too_large = false;
@@ -100,7 +103,15 @@ pub fn rank(
         let wait = state
             .service_s
             .map(|service| stay::expected_wait(depth, view.parallel, service));
-        timing.push((wait, state.cold_tps));
+        starts.push(Start {
+            wait,
+            cold_tps: state.cold_tps,
+            service_s: state.service_s,
+            parallel: view.parallel,
+            depth,
+            live: state.live_conversations,
+            room: state.warm_room,
+        });
         homes.push(Home {
             full: view.resident.then_some(state.full && view.slots_known),
             fits_free: placement::fits_free(request.need, view.memory_total, view.footprint.used),
@@ -111,10 +122,11 @@ pub fn rank(
     // pay the load itself, which costs more than prefilling its history.
     if request.warm_node.is_none() && !p.follow_up && p.endpoint.generates() {
         open_second_home(&mut ranked, &homes, p, weights);
+        spread_by_warm_room(&mut ranked, &starts, p, request.pause_s);
     }
     if let Some(pin_node) = request.pin_node.filter(|_| weights.move_cost > 0.0) {
         let factor = weights.move_cost;
-        keep_warm_if_sooner(&mut ranked, &timing, pin_node, p.prompt_tokens, factor);
+        keep_warm_if_sooner(&mut ranked, &starts, pin_node, p.prompt_tokens, factor);
     }
     if ranked.is_empty() {
         return Err(match (too_large, request.need) {
@@ -165,6 +177,118 @@ fn open_second_home(ranked: &mut [Candidate], homes: &[Home], p: &Profile, w: &W
     }
 }
 
+/// A new conversation goes where it costs least in seconds ([`stay::start_cost`]: the wait,
+/// its prefill, and the cold turns it will cause there), among the live nodes where the
+/// model is resident that the signals other than speed and queue depth rate best (role,
+/// memory, context, availability): its affinity score is raised just enough to lead. A
+/// conversation stays where it starts, so where it starts decides what stays warm: by speed
+/// and queue alone every new conversation goes to the fastest node, whose cache then pushes
+/// live conversations out while slower nodes keep room unused. A node not measured yet is
+/// taken to be as fast as the best measured; where none is, the signals decide alone.
+fn spread_by_warm_room(
+    ranked: &mut [Candidate],
+    starts: &[Start],
+    p: &Profile,
+    pause_s: Option<f64>,
+) {
+    let settled = |c: &Candidate| c.scores.total() - c.scores.latency - c.scores.queue_depth;
+    let eligible = |c: &Candidate| c.resident && !c.standby && !c.evicts_busy;
+    let Some(bar) = ranked
+        .iter()
+        .filter(|c| eligible(c))
+        .map(settled)
+        .max_by(f64::total_cmp)
+    else {
+        return;
+    };
+    let fastest = Fastest::of(starts);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, c) in ranked.iter().enumerate() {
+        if !eligible(c) || settled(c) < bar - 1.0 {
+            continue;
+        }
+        let start = &starts[i];
+        // A node not measured yet is taken to be as fast as the fleet's best, as the latency
+        // signal takes it: it gets work, and so a measurement.
+        let (Some(cold_tps), Some(service_s)) = (
+            start.cold_tps.or(fastest.cold_tps),
+            start.service_s.or(fastest.service_s),
+        ) else {
+            continue;
+        };
+        let wait_s = stay::expected_wait(start.depth, start.parallel, service_s);
+        let home = stay::Home {
+            wait_s,
+            cold_tps,
+            live: start.live,
+            room: start.room,
+            serves: pause_s.and_then(|pause| stay::serves(start.parallel, service_s, pause)),
+            service_s,
+        };
+        let Some(cost) = stay::start_cost(home, p.prompt_tokens) else {
+            continue;
+        };
+        // Equal costs keep the signals' order.
+        let better = best.is_none_or(|(b, best_cost)| {
+            cost < best_cost || (cost == best_cost && c.scores.total() > ranked[b].scores.total())
+        });
+        if better {
+            best = Some((i, cost));
+        }
+    }
+    let Some((pick, _)) = best else { return };
+    let lead = ranked
+        .iter()
+        .enumerate()
+        .filter(|&(i, c)| i != pick && !c.standby)
+        .map(|(_, c)| c.scores.total())
+        .max_by(f64::total_cmp);
+    if let Some(lead) = lead {
+        let gap = lead - ranked[pick].scores.total();
+        if gap >= 0.0 {
+            ranked[pick].scores.session_affinity += gap + 1.0;
+        }
+    }
+}
+
+/// The best cold prefill rate and service time measured among the candidates.
+struct Fastest {
+    cold_tps: Option<f64>,
+    service_s: Option<f64>,
+}
+
+impl Fastest {
+    fn of(starts: &[Start]) -> Fastest {
+        let cold_tps = starts
+            .iter()
+            .filter_map(|s| s.cold_tps)
+            .max_by(f64::total_cmp);
+        let service_s = starts
+            .iter()
+            .filter_map(|s| s.service_s)
+            .min_by(f64::total_cmp);
+        Fastest {
+            cold_tps,
+            service_s,
+        }
+    }
+}
+
+/// What starting a request on a candidate would take.
+struct Start {
+    /// Seconds until a slot is free, where the service time is measured.
+    wait: Option<f64>,
+    /// Prompt tokens per second when nothing is cached, where measured.
+    cold_tps: Option<f64>,
+    /// Seconds a request takes there, where measured.
+    service_s: Option<f64>,
+    parallel: usize,
+    depth: u32,
+    /// Live conversations there, and how many its slots and host cache keep warm.
+    live: u32,
+    room: f64,
+}
+
 /// The best learned speeds for the model among the nodes, the yardstick of the latency
 /// signal.
 fn best_speed(views: &[NodeView]) -> Speed {
@@ -190,7 +314,7 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 /// in the README's worked example. Off unless `weights.move_cost` is set.
 fn keep_warm_if_sooner(
     ranked: &mut [Candidate],
-    timing: &[(Option<f64>, Option<f64>)],
+    starts: &[Start],
     warm_node: u16,
     prompt_tokens: u32,
     factor: f64,
@@ -211,10 +335,10 @@ fn keep_warm_if_sooner(
     if gap < 0.0 || ranked[warm].standby {
         return;
     }
-    let (Some(warm_wait), _) = timing[warm] else {
+    let Some(warm_wait) = starts[warm].wait else {
         return;
     };
-    let (Some(other_wait), Some(other_tps)) = timing[other] else {
+    let (Some(other_wait), Some(other_tps)) = (starts[other].wait, starts[other].cold_tps) else {
         return;
     };
     let Some(cost) = stay::move_cost(prompt_tokens, other_tps, factor) else {
@@ -286,6 +410,7 @@ mod tests {
             warm_node,
             pin_node: warm_node,
             now: Instant::now(),
+            pause_s: None,
         }
     }
 
@@ -420,6 +545,63 @@ mod tests {
             firsts.insert(first);
         }
         assert_eq!(firsts.len(), 3, "ties spread over every node");
+    }
+
+    /// `view` measured: prefill and decode speeds, its cold rate and service time, and
+    /// `live` conversations in a warm room of `room`.
+    fn measured(id: u16, name: &str, prefill: f64, live: u32, room: f64, now: Instant) -> NodeView {
+        let mut v = view(id, name);
+        v.parallel = 4;
+        v.model.prefill_tps = Some(prefill);
+        v.model.decode_tps = Some(prefill / 60.0);
+        v.model.speed_at = Some(now);
+        v.model.cold_tps = Some(prefill);
+        v.model.service_s = Some(3.0);
+        v.model.live_conversations = live;
+        v.model.warm_room = room;
+        v
+    }
+
+    #[test]
+    fn a_new_conversation_starts_where_the_warm_room_has_space_not_where_it_is_fastest() {
+        let w = Weights::default();
+        let now = Instant::now();
+        let mut r = request(None, None);
+        r.now = now;
+        // The fast node keeps 5 conversations warm and serves 5: a sixth would push them
+        // out in turn. The slower one, half as fast, has room.
+        let full = measured(0, "fast", 4000.0, 5, 5.0, now);
+        let roomy = measured(1, "slower", 2000.0, 2, 5.0, now);
+        r.pause_s = Some(8.0);
+        let ranked = rank(&chat("m"), r, &[full.clone(), roomy.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["slower", "fast"]);
+        assert!(ranked[1].scores.latency == 0.0 && ranked[0].scores.latency < 0.0);
+        assert!(
+            ranked[0].scores.session_affinity > 0.0,
+            "the spread lifts it to lead"
+        );
+        assert!(ranked[0].scores.total() > ranked[1].scores.total());
+
+        // With room on both, the faster start wins as the signals have it.
+        let spare = measured(0, "fast", 4000.0, 2, 5.0, now);
+        let ranked = rank(&chat("m"), r, &[spare, roomy.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "slower"]);
+
+        // A follow-up is not placed anew: its warm node's affinity decides.
+        let mut follow_up = request(None, Some(0));
+        follow_up.now = now;
+        follow_up.pause_s = Some(8.0);
+        let ranked = rank(&chat("m"), follow_up, &[full.clone(), roomy.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "slower"]);
+
+        // Where nothing is measured yet, the signals decide alone.
+        let (mut a, mut b) = (view(0, "a"), view(1, "b"));
+        a.model.live_conversations = 9;
+        a.model.warm_room = 1.0;
+        b.model.warm_room = 9.0;
+        let p = chat("m");
+        let alone = rank(&p, r, &[a.clone(), b.clone()], &w).unwrap();
+        assert!(alone.iter().all(|c| c.scores.session_affinity == 0.0));
     }
 
     #[test]

@@ -271,11 +271,13 @@ impl Router {
             warm_node,
             pin_node: pin.map(|pin| pin.node),
             now,
+            pause_s: self.turn_gaps.pause_s(),
         };
         let at = view::Moment {
             now,
             ttl: self.ttl(),
             live: self.turn_gaps.live_window(self.ttl()),
+            pause_known: request.pause_s.is_some(),
         };
         let mut views: Vec<NodeView> = nodes
             .iter()

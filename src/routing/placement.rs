@@ -87,10 +87,19 @@ pub fn evicts_busy(need: Option<u64>, total: Option<u64>, m: &Footprint) -> bool
 /// holds one that is running now or ran within `live` (a new conversation there would push
 /// one of them out, to come back cold on its next turn).
 pub fn slots_full(slots: &[Slot], parallel: usize, now: Instant, live: Duration) -> bool {
-    let is_live = |s: &Slot| {
-        s.lineage != 0 && (s.busy > 0 || s.last_used.is_some_and(|t| now.duration_since(t) <= live))
-    };
-    slots.len() >= parallel && slots.iter().all(is_live)
+    slots.len() >= parallel && slots.iter().all(|s| is_live(s, now, live))
+}
+
+fn is_live(s: &Slot, now: Instant, live: Duration) -> bool {
+    s.lineage != 0 && (s.busy > 0 || s.last_used.is_some_and(|t| now.duration_since(t) <= live))
+}
+
+/// Conversations a node serves for a model that are live: held in a slot and running now or
+/// run within `live`, plus those its host cache saved within `live` (kept there or not,
+/// they come back to this node).
+pub fn live_conversations(slots: &[Slot], saved_live: usize, now: Instant, live: Duration) -> u32 {
+    let in_slots = slots.iter().filter(|s| is_live(s, now, live)).count();
+    u32::try_from(in_slots + saved_live).unwrap_or(u32::MAX)
 }
 
 /// The model fits in the node's free memory: loading it there evicts nothing. Unknown
@@ -138,6 +147,11 @@ impl TurnGaps {
     /// A pause between one turn's reply and the next turn of the same conversation.
     pub fn record(&self, gap: Duration) {
         self.gap_s.lock().record(gap.as_secs_f64());
+    }
+
+    /// The usual pause between turns, seconds, once corral has seen some.
+    pub fn pause_s(&self) -> Option<f64> {
+        self.gap_s.lock().get()
     }
 
     pub fn live_window(&self, fallback: Duration) -> Duration {
@@ -240,6 +254,25 @@ mod tests {
             last_used: Some(now - Duration::from_millis(used_ago_ms)),
             ..Slot::default()
         }
+    }
+
+    #[test]
+    fn live_conversations_are_those_in_slots_used_lately_and_those_saved_lately() {
+        let now = Instant::now();
+        let live = Duration::from_millis(500);
+        let slots = [
+            slot(1, 0, 100, now),
+            slot(2, 1, 5_000, now),
+            slot(3, 0, 5_000, now),
+            Slot::default(),
+        ];
+        assert_eq!(
+            live_conversations(&slots, 0, now, live),
+            2,
+            "1 recent, 2 busy"
+        );
+        assert_eq!(live_conversations(&slots, 3, now, live), 5);
+        assert_eq!(live_conversations(&[], 0, now, live), 0);
     }
 
     #[test]

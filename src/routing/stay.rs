@@ -28,6 +28,64 @@ pub fn stays(warm_wait_s: f64, other_wait_s: f64, move_cost_s: f64) -> bool {
     warm_wait_s <= other_wait_s + move_cost_s
 }
 
+/// Later turns a new conversation is counted to have where it starts: a conversation
+/// stays where it starts, so its home decides what its next turns pay.
+pub const TURNS_AHEAD: f64 = 2.0;
+
+/// The share of its slots' time a node is planned to be busy with the conversations it
+/// serves, leaving room for their turns to bunch up.
+const UTILIZATION: f64 = 0.8;
+
+/// A node as the home of a new conversation.
+#[derive(Clone, Copy, Debug)]
+pub struct Home {
+    /// Seconds until a slot is free there.
+    pub wait_s: f64,
+    /// Prompt tokens per second when nothing is cached.
+    pub cold_tps: f64,
+    /// Live conversations it serves, and how many its slots and host cache keep warm.
+    pub live: u32,
+    pub room: f64,
+    /// Live conversations it can serve without its queue growing, where known.
+    pub serves: Option<f64>,
+    /// Seconds a request takes there.
+    pub service_s: f64,
+}
+
+/// Live conversations a node with `parallel` slots can serve, each turn taking `service_s`
+/// and each conversation pausing `pause_s` between turns, busy [`UTILIZATION`] of the time.
+pub fn serves(parallel: usize, service_s: f64, pause_s: f64) -> Option<f64> {
+    (service_s > 0.0)
+        .then(|| parallel.max(1) as f64 * (pause_s + service_s) / service_s * UTILIZATION)
+}
+
+/// Seconds a new conversation costs on a node: the wait for a slot and its prefill there,
+/// plus what its [`TURNS_AHEAD`] later turns will cost the node's conversations:
+///
+/// - nothing while they all fit in its warm room;
+/// - where it is the one too many, every conversation there pays a cold prefill on each
+///   turn: a node's cache is least-recently-used, and conversations taking turns in a
+///   cache one too small push each other out in turn;
+/// - where the node is already over, only its own;
+/// - a service time a turn where the node cannot serve one more without its queue growing.
+pub fn start_cost(home: Home, prompt_tokens: u32) -> Option<f64> {
+    if home.cold_tps <= 0.0 {
+        return None;
+    }
+    let prefill = f64::from(prompt_tokens) / home.cold_tps;
+    let live = f64::from(home.live);
+    let made_cold = if live + 1.0 <= home.room {
+        0.0
+    } else if live <= home.room {
+        live + 1.0
+    } else {
+        1.0
+    };
+    let overloaded = home.serves.is_some_and(|serves| live + 1.0 > serves);
+    let queued = if overloaded { home.service_s } else { 0.0 };
+    Some(home.wait_s + prefill + TURNS_AHEAD * (made_cold * prefill + queued))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +108,44 @@ mod tests {
         // A short prompt moves sooner: 200 tokens cost 0.4 s.
         assert!(!stays(2.0, 0.0, move_cost(200, 1_000.0, 2.0).unwrap()));
         assert_eq!(move_cost(100, 0.0, 2.0), None);
+    }
+
+    #[test]
+    fn a_new_conversation_counts_the_cold_turns_it_causes() {
+        // 8,000 tokens: 2 s at 4,000 per second, 20 s at 400.
+        let home = |cold_tps, live, room| Home {
+            wait_s: 0.0,
+            cold_tps,
+            live,
+            room,
+            serves: None,
+            service_s: 3.0,
+        };
+        let cost = |h| start_cost(h, 8_000).unwrap();
+        assert_eq!(cost(home(4_000.0, 3, 5.0)), 2.0, "room to spare");
+        // The sixth in a room of five: all six pay 2 s on each of their next turns.
+        assert_eq!(cost(home(4_000.0, 5, 5.0)), 2.0 + TURNS_AHEAD * 6.0 * 2.0);
+        // Already over: only its own turns.
+        assert_eq!(cost(home(4_000.0, 7, 5.0)), 2.0 + TURNS_AHEAD * 2.0);
+        // A tenfold slower node with room costs more than a fast one already over, and
+        // less than tipping a fast one over.
+        let slow_room = cost(home(400.0, 1, 5.0));
+        assert!(cost(home(4_000.0, 7, 5.0)) < slow_room);
+        assert!(slow_room < cost(home(4_000.0, 5, 5.0)));
+        // A node that cannot serve one more pays a service time a turn.
+        let busy = Home {
+            serves: Some(2.5),
+            ..home(4_000.0, 2, 5.0)
+        };
+        assert_eq!(cost(busy), 2.0 + TURNS_AHEAD * 3.0);
+        assert_eq!(start_cost(home(0.0, 0, 5.0), 8_000), None);
+    }
+
+    #[test]
+    fn a_node_serves_conversations_by_its_slots_and_their_pauses() {
+        // 2 slots, turns of 12.5 s, 8 s pauses: 3.28 at full use, 2.6 at 80%.
+        let n = serves(2, 12.5, 8.0).unwrap();
+        assert!((n - 2.0 * 20.5 / 12.5 * UTILIZATION).abs() < 1e-9);
+        assert_eq!(serves(2, 0.0, 8.0), None);
     }
 }

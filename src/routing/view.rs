@@ -47,6 +47,9 @@ pub struct Moment {
     /// How long after its last turn a conversation counts as live (the learned pause between
     /// turns, see [`placement::TurnGaps`]).
     pub live: Duration,
+    /// Whether that pause has been learned: until a conversation has come back for a next
+    /// turn, nothing says that conversations continue, and only those running count live.
+    pub pause_known: bool,
 }
 
 impl NodeView {
@@ -119,6 +122,10 @@ pub struct ModelView {
     pub cold_tps: Option<f64>,
     /// Every slot holds a live conversation ([`placement::slots_full`]).
     pub full: bool,
+    /// Live conversations it serves ([`placement::live_conversations`]).
+    pub live_conversations: u32,
+    /// Conversations it keeps warm: its slots and what its host cache holds, as learned.
+    pub warm_room: f64,
 }
 
 impl ModelView {
@@ -149,6 +156,22 @@ impl ModelView {
             service_s: state.warm.service_s.get(),
             cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
             full: placement::slots_full(&state.slots, parallel, at.now, at.live),
+            live_conversations: {
+                let live = if at.pause_known {
+                    at.live
+                } else {
+                    Duration::ZERO
+                };
+                let since = at.now.checked_sub(live).unwrap_or(at.now);
+                let saved = state.warm.host.used_since(since);
+                placement::live_conversations(&state.slots, saved, at.now, live)
+            },
+            warm_room: parallel as f64
+                + if host_allowed {
+                    state.warm.host.room(parallel)
+                } else {
+                    0.0
+                },
         }
     }
 }
@@ -280,6 +303,7 @@ mod tests {
             now: Instant::now(),
             ttl: Duration::from_secs(300),
             live: Duration::from_secs(300),
+            pause_known: true,
         };
         NodeView::take(node, model, false, &Probes::default(), &mut sizes, &at)
     }

@@ -176,7 +176,8 @@ pub struct HostEntry {
     pub depth: usize,
     /// Its tokens, as corral estimates them.
     pub tokens: u64,
-    pub saved_at: Instant,
+    /// When its last turn was served.
+    pub last_used: Instant,
 }
 
 /// The node's host-memory prompt cache as corral believes it: saved conversations oldest
@@ -321,6 +322,27 @@ impl HostCache {
         self.entries.len()
     }
 
+    /// How many conversations the cache keeps, by its learned capacity and the mean size
+    /// of what it saved; before a reply has shown a limit, as many as the node has `slots`
+    /// (as [`HostCache::has_room`] assumes). A cache known to hold nothing keeps none.
+    pub fn room(&self, slots: usize) -> f64 {
+        let Capacity::Tokens(capacity) = self.capacity else {
+            return slots as f64;
+        };
+        let saved: u64 = self.entries.iter().map(|e| e.tokens).sum();
+        match saved.checked_div(self.entries.len() as u64) {
+            Some(mean) if mean > 0 => capacity as f64 / mean as f64,
+            _ if capacity == 0 => 0.0,
+            _ => slots as f64,
+        }
+    }
+
+    /// Saved conversations whose last turn was served since `since`: those still live,
+    /// whether the cache kept them or not.
+    pub fn used_since(&self, since: Instant) -> usize {
+        self.entries.iter().filter(|e| e.last_used >= since).count()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -369,6 +391,7 @@ pub struct WarmState {
 mod tests {
     use super::*;
     use crate::fleet::kind::ReplyShape;
+    use std::time::Duration;
 
     fn ollama(count: u64, seconds: f64) -> Reading {
         Reading::OllamaCount {
@@ -477,7 +500,7 @@ mod tests {
             lineage,
             depth: 3,
             tokens,
-            saved_at: Instant::now(),
+            last_used: Instant::now(),
         }
     }
 
@@ -500,6 +523,25 @@ mod tests {
         assert_eq!(h.take(2).map(|e| e.tokens), Some(200));
         assert_eq!(h.place(2), None);
         assert_eq!(h.len(), 2);
+    }
+
+    #[test]
+    fn a_host_cache_keeps_as_many_conversations_as_its_capacity_holds_of_their_mean_size() {
+        let mut h = HostCache::default();
+        assert_eq!(h.room(4), 4.0, "as many as slots until a limit is learned");
+        h.save(entry(1, 100));
+        h.save(entry(2, 300));
+        assert_eq!(h.room(4), 4.0);
+        h.set_capacity(Capacity::Tokens(1_000));
+        assert_eq!(h.room(4), 5.0, "1,000 tokens of 200-token conversations");
+        assert_eq!(HostCache::none().room(4), 0.0);
+        let since = Instant::now() + Duration::from_secs(1);
+        assert_eq!(h.used_since(since), 0);
+        h.save(HostEntry {
+            last_used: since,
+            ..entry(3, 100)
+        });
+        assert_eq!(h.used_since(since), 1);
     }
 
     #[test]

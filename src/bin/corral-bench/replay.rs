@@ -35,6 +35,8 @@ pub struct Env {
 /// One turn as the client saw it.
 #[derive(Clone, Debug)]
 pub struct TurnRecord {
+    /// The conversation's index in the workload.
+    pub conversation: usize,
     pub turn: usize,
     /// Index of the node that served it, when known.
     pub node: Option<usize>,
@@ -212,6 +214,7 @@ async fn send_turn(
     let messages: Vec<(&str, &str)> = history.iter().map(|(r, m)| (*r, m.as_str())).collect();
     let body = client::chat_body(ctx.api, &c.model, &messages, ctx.spec.reply_tokens);
     let mut record = TurnRecord {
+        conversation: c.id,
         turn,
         node: None,
         prompt_tokens: rendered_tokens(messages.iter().copied()),

@@ -79,6 +79,9 @@ pub struct PolicyStats {
     pub log_reply_disagreements: usize,
     pub ttft_first_ms: Percentiles,
     pub ttft_follow_up_ms: Percentiles,
+    /// Mean time to first token over every turn, first turns and follow-ups: what users
+    /// wait in all, so that a policy cannot buy follow-up figures with first-turn waits.
+    pub ttft_mean_ms: f64,
     /// Models loaded / evicted for room / unloaded at the end of their keep-alive, fleet-wide.
     pub cold_loads: u64,
     pub evictions: u64,
@@ -92,6 +95,8 @@ pub struct PolicyStats {
     pub output_tokens_per_s: f64,
     /// Turns served by each node, in fleet order.
     pub turns_per_node: Vec<usize>,
+    /// Follow-ups served by another node than the conversation's previous turn.
+    pub follow_ups_moved: usize,
     /// corral's `X-Fleet-Affinity` on follow-ups: hit, host, miss, new.
     pub follow_up_affinity: HashMap<String, usize>,
     /// Follow-ups through corral whose prediction (`hit`/`host` warm, else cold) could be
@@ -129,6 +134,7 @@ pub fn stats(run: &Run) -> PolicyStats {
     for node in ok.iter().filter_map(|r| r.node) {
         turns_per_node[node] += 1;
     }
+    let follow_ups_moved = moved(&ok);
     let mut follow_up_affinity = HashMap::new();
     for a in ok
         .iter()
@@ -152,6 +158,7 @@ pub fn stats(run: &Run) -> PolicyStats {
         log_reply_disagreements: disagreements,
         ttft_first_ms: Percentiles::of(&ttft(false)),
         ttft_follow_up_ms: Percentiles::of(&follow_up_samples),
+        ttft_mean_ms: mean(&[ttft(false), follow_up_samples.clone()].concat()),
         cold_loads: run.churn.iter().map(|c| c.loads).sum(),
         evictions: run.churn.iter().map(|c| c.evictions).sum(),
         keep_alive_unloads: run.churn.iter().map(|c| c.expirations).sum(),
@@ -161,12 +168,37 @@ pub fn stats(run: &Run) -> PolicyStats {
         turns_per_s: ok.len() as f64 / secs,
         output_tokens_per_s: output as f64 / secs,
         turns_per_node,
+        follow_ups_moved,
         follow_up_affinity,
         predictions_checked: by_log.checked,
         predictions_agreed: by_log.agreed,
         prediction_cases: by_log.cases,
         ttft_follow_up_samples_ms: follow_up_samples,
     }
+}
+
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// Follow-ups served by another node than their conversation's previous turn.
+fn moved(ok: &[&TurnRecord]) -> usize {
+    let mut served: HashMap<(usize, usize), usize> = HashMap::new();
+    for r in ok {
+        if let Some(node) = r.node {
+            served.insert((r.conversation, r.turn), node);
+        }
+    }
+    ok.iter()
+        .filter(|r| r.follow_up())
+        .filter(|r| {
+            let before = served.get(&(r.conversation, r.turn - 1));
+            r.node.is_some() && before.is_some() && r.node != before.copied()
+        })
+        .count()
 }
 
 /// The evaluated tokens a reply reports, where its `prompt_eval_count` counts only those
@@ -605,13 +637,15 @@ fn checks_markdown(w: &WorkloadReport) -> String {
         let _ = writeln!(
             md,
             "- {}: {} of {} turns found in node logs, {} disagree with the reply's \
-             prompt_eval_count; follow-up warm share by replies {}; turns per node {:?}{}{}",
+             prompt_eval_count; follow-up warm share by replies {}; turns per node {:?}; \
+             follow-ups moved to another node {}{}{}",
             p.policy.name(),
             p.matched_in_logs,
             p.turns,
             p.log_reply_disagreements,
             pct(p.follow_up_warm_by_reply.share()),
             p.turns_per_node,
+            p.follow_ups_moved,
             affinity_note(p),
             counts_note(p)
         );
