@@ -112,7 +112,8 @@ pub fn downstream_reply(
 pub fn score_text(score: f64) -> String {
     let tenths = (score * 10.0).abs();
     // Below 1e9 the product's rounding error (a relative 2^-53) is under 1e-6.
-    if !(tenths < 1e9) || (tenths.fract() - 0.5).abs() < 1e-6 {
+    let in_range = tenths < 1e9; // false for NaN too
+    if !in_range || (tenths.fract() - 0.5).abs() < 1e-6 {
         return format!("{score:.1}");
     }
     // In range: below 1e9, so the cast is exact after rounding.
