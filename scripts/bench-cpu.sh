@@ -15,6 +15,8 @@
 #   DURATION=3  seconds per measurement   ROUNDS=3  rounds   CONNS=32  wrk connections
 #   SCENARIOS="1k 128k stream"            CORRAL=path, BENCH=path (default target/release/)
 #   BASE=path   a second corral binary measured alongside (e.g. the build before a change)
+#   BASE_BENCH=path  a second corral-bench whose bare Pingora is measured alongside, as
+#               pingora-base (e.g. one built on another allocator)
 # Writes OUT_DIR/cpu.csv. Builds nothing: build the release binaries first. Every server
 # listens on 127.0.0.1 only and is stopped when the script exits.
 set -euo pipefail
@@ -28,6 +30,7 @@ SCENARIOS=${SCENARIOS:-"1k 128k stream"}
 BENCH=${BENCH:-target/release/corral-bench}
 CORRAL=${CORRAL:-target/release/corral}
 BASE=${BASE:-}
+BASE_BENCH=${BASE_BENCH:-}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/corral-cpu.XXXXXX)
 PIDS=()
@@ -73,7 +76,7 @@ cpu_ns() {
 }
 
 PORTS=()
-while ((${#PORTS[@]} < 4)); do
+while ((${#PORTS[@]} < 5)); do
     p=$($BENCH free-port)
     [[ " ${PORTS[*]} " == *" $p "* ]] || PORTS+=("$p")
 done
@@ -104,6 +107,12 @@ RUST_LOG=warn start_on_cpu 0 "$BENCH" bare-pingora --listen "127.0.0.1:${PORTS[1
     --upstream "127.0.0.1:${PORTS[0]}" --threads 1
 PID[pingora]=$LAST_PID URL[pingora]="http://127.0.0.1:${PORTS[1]}"
 TARGETS=(pingora)
+if [[ -n $BASE_BENCH ]]; then
+    RUST_LOG=warn start_on_cpu 0 "$BASE_BENCH" bare-pingora --listen "127.0.0.1:${PORTS[4]}" \
+        --upstream "127.0.0.1:${PORTS[0]}" --threads 1
+    PID[pingora-base]=$LAST_PID URL[pingora-base]="http://127.0.0.1:${PORTS[4]}"
+    TARGETS+=(pingora-base)
+fi
 
 # start_corral NAME BINARY PORT
 start_corral() {
@@ -164,7 +173,8 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 echo
-echo "CPU per request (us), median of $ROUNDS rounds [min-max]; pingora/target = Pingora's CPU per request over the target's"
+echo "CPU per request (us), median of $ROUNDS rounds [min-max]; pingora/target = bare Pingora's CPU per request"
+echo "over the target's, of the medians (and of the minima, the rounds least disturbed by other work)"
 awk -F, 'NR > 1 { v[$1 "," $2] = v[$1 "," $2] " " $8 }
 END {
     for (k in v) {
@@ -176,7 +186,11 @@ END {
     for (k in med) {
         split(k, p, ",")
         ratio = "-"
-        if (p[2] != "pingora" && ((p[1] ",pingora") in med)) ratio = sprintf("%.2f", med[p[1] ",pingora"] / med[k])
-        printf "%-7s %-8s %8.1f  [%.1f-%.1f]  pingora/target %s\n", p[1], p[2], med[k], lo[k], hi[k], ratio
+        if (p[2] !~ /^pingora/) {
+            ratio = sprintf("%.2f (min %.2f)", med[p[1] ",pingora"] / med[k], lo[p[1] ",pingora"] / lo[k])
+            if ((p[1] ",pingora-base") in med)
+                ratio = ratio sprintf("; pingora-base/target %.2f (min %.2f)", med[p[1] ",pingora-base"] / med[k], lo[p[1] ",pingora-base"] / lo[k])
+        }
+        printf "%-7s %-13s %8.1f  [%.1f-%.1f]  pingora/target %s\n", p[1], p[2], med[k], lo[k], hi[k], ratio
     }
 }' "$CSV" | sort
