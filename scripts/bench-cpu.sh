@@ -15,6 +15,7 @@
 #   DURATION=3  seconds per measurement   ROUNDS=3  rounds   CONNS=32  wrk connections
 #   SCENARIOS="1k 128k stream"            CORRAL=path, BENCH=path (default target/release/)
 #   BASE=path   a second corral binary measured alongside (e.g. the build before a change)
+#   OTHERS="name=path ..."  more corral binaries measured alongside, under those names
 #   BASE_BENCH=path  a second corral-bench whose bare Pingora is measured alongside, as
 #               pingora-base (e.g. one built on another allocator)
 # Writes OUT_DIR/cpu.csv. Builds nothing: build the release binaries first. Every server
@@ -31,6 +32,7 @@ BENCH=${BENCH:-target/release/corral-bench}
 CORRAL=${CORRAL:-target/release/corral}
 BASE=${BASE:-}
 BASE_BENCH=${BASE_BENCH:-}
+OTHERS=${OTHERS:-}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/corral-cpu.XXXXXX)
 PIDS=()
@@ -76,7 +78,8 @@ cpu_ns() {
 }
 
 PORTS=()
-while ((${#PORTS[@]} < 5)); do
+OTHER_COUNT=$(wc -w <<<"$OTHERS")
+while ((${#PORTS[@]} < 5 + OTHER_COUNT)); do
     p=$($BENCH free-port)
     [[ " ${PORTS[*]} " == *" $p "* ]] || PORTS+=("$p")
 done
@@ -143,6 +146,11 @@ EOF
 }
 start_corral corral "$CORRAL" "${PORTS[2]}"
 [[ -n $BASE ]] && start_corral base "$BASE" "${PORTS[3]}"
+port_index=5
+for other in $OTHERS; do
+    start_corral "${other%%=*}" "${other#*=}" "${PORTS[port_index]}"
+    port_index=$((port_index + 1))
+done
 for t in "${TARGETS[@]}"; do wait_port "${URL[$t]##*:}"; done
 sleep 2 # two polls: corral has seen the backend's model
 for t in "${TARGETS[@]}"; do
