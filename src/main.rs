@@ -10,6 +10,11 @@ use corral::config::Config;
 #[cfg(feature = "demo")]
 use corral::{config::NodeConfig, standin};
 
+/// mimalloc instead of the system's malloc: see Cargo.toml. corral-bench runs its bare
+/// Pingora on the same allocator, so that the two compare proxy work.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "corral",

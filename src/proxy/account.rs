@@ -78,8 +78,8 @@ impl Account {
     /// the access log and the node's books, and the request's slot is released. The reply's
     /// status and first byte are as `ctx` recorded them.
     pub fn settle(&self, ctx: &mut RequestCtx, mut dispatch: Dispatch, reply: Answered) {
-        let stats = reply.tail.last_object().and_then(ReplyStats::parse);
         let ok = ctx.status < 500;
+        let (stats, usage) = super::usage::final_figures(reply.tail, ok && ctx.status < 400);
         if !ok {
             self.upstream_error(reply.labels[0], "status_5xx");
         }
@@ -100,10 +100,7 @@ impl Account {
             ctx.cached_tokens = o.measured.cached;
             ctx.cache = Some(o.observed.as_str());
         }
-        if ok
-            && ctx.status < 400
-            && let Some(usage) = super::usage::find(reply.tail.bytes())
-        {
+        if let Some(usage) = usage {
             self.usage(&ctx.client, reply.labels[1], usage);
         }
         dispatch.finish(Outcome {

@@ -207,7 +207,7 @@ pub async fn serve(
     ctx.bytes_out = body.len();
     let headers = [
         ("X-Fleet-Node", shared.served_by.join(",")),
-        ("X-Fleet-Score", format!("{best_score:.1}")),
+        ("X-Fleet-Score", super::headers::score_text(best_score)),
         ("X-Fleet-Affinity", "new".to_string()),
         ("X-Fleet-Retries", shared.failures.len().to_string()),
         ("X-Fleet-Fanout", plan.ranges.len().to_string()),

@@ -538,7 +538,10 @@ fn reply_header(
     if decision.direct {
         return Ok(header);
     }
-    header.insert_header("X-Fleet-Score", format!("{:.1}", candidate.scores.total()))?;
+    header.insert_header(
+        "X-Fleet-Score",
+        super::headers::score_text(candidate.scores.total()),
+    )?;
     header.insert_header("X-Fleet-Affinity", decision.affinity_for(node.id).as_str())?;
     header.insert_header("X-Fleet-Retries", attempt.retries.to_string())?;
     if wants_explain(session) {

@@ -104,6 +104,45 @@ pub fn downstream_reply(
     Ok(header)
 }
 
+/// The `X-Fleet-Score` text of a score: exactly `format!("{score:.1}")`, which it replaces on
+/// every reply because float formatting at a fixed precision was a measurable part of
+/// writing the reply header (issue 13). Away from a tie (a tenth ending in 5 in the next
+/// digit), the score times ten rounds to the same integer as the exact decimal does; ties,
+/// NaN, infinities and scores past a billion take the formatter.
+pub fn score_text(score: f64) -> String {
+    let tenths = (score * 10.0).abs();
+    // Below 1e9 the product's rounding error (a relative 2^-53) is under 1e-6.
+    let in_range = tenths < 1e9; // false for NaN too
+    if !in_range || (tenths.fract() - 0.5).abs() < 1e-6 {
+        return format!("{score:.1}");
+    }
+    // In range: below 1e9, so the cast is exact after rounding.
+    let tenths = tenths.round() as u64;
+    let mut text = String::with_capacity(16);
+    if score.is_sign_negative() {
+        text.push('-');
+    }
+    push_decimal(&mut text, tenths / 10);
+    text.push('.');
+    push_decimal(&mut text, tenths % 10);
+    text
+}
+
+fn push_decimal(text: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    text.extend(digits[at..].iter().map(|d| char::from(*d)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +246,46 @@ mod tests {
         assert_eq!(down.headers["transfer-encoding"], "chunked");
         let down = downstream_reply(&up, false).unwrap();
         assert_eq!(names(&down.headers), ["content-type"]);
+    }
+
+    #[test]
+    fn score_text_is_the_formatter_s_text() {
+        for score in [
+            0.0,
+            -0.0,
+            0.04,
+            -0.04,
+            0.05,
+            0.15,
+            0.25,
+            0.35,
+            0.95,
+            -0.95,
+            1.0,
+            99.95,
+            100.0,
+            -50.0,
+            123.456,
+            1e8,
+            1e9,
+            1e300,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MIN_POSITIVE,
+            0.1 + 0.2,
+        ] {
+            assert_eq!(score_text(score), format!("{score:.1}"), "{score:e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any score, and scores on and next to every tie of the range corral's scores use.
+        #[test]
+        fn score_text_matches_format(score in proptest::num::f64::ANY, tie in -2000i64..2000, ulps in -2i64..=2) {
+            proptest::prop_assert_eq!(score_text(score), format!("{score:.1}"));
+            let near_tie = f64::from_bits(((tie as f64 + 0.5) / 10.0).to_bits().wrapping_add_signed(ulps));
+            proptest::prop_assert_eq!(score_text(near_tie), format!("{near_tie:.1}"));
+        }
     }
 }

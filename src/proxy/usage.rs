@@ -15,6 +15,8 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
+use super::reply::{ReplyStats, Tail};
+
 /// How many JSON objects from the end are looked at: usage is in the last two of every API.
 const LOOK_BACK: usize = 8;
 
@@ -29,22 +31,103 @@ pub struct TokenUsage {
 /// The usage in the last JSON objects of a reply's tail (NDJSON lines, SSE `data:` lines,
 /// or one JSON body). Lines that do not parse, such as one cut by the tail, are skipped.
 pub fn find(tail: &[u8]) -> Option<TokenUsage> {
+    objects_from_the_end(tail)
+        .take(LOOK_BACK)
+        .find_map(|l| sparse_object(l).ok().and_then(|v| of(&v)))
+}
+
+/// [`find`] past the last object, which the caller has read already (as [`LastObject`]).
+pub fn find_before_last(tail: &[u8]) -> Option<TokenUsage> {
+    objects_from_the_end(tail)
+        .skip(1)
+        .take(LOOK_BACK - 1)
+        .find_map(|l| sparse_object(l).ok().and_then(|v| of(&v)))
+}
+
+/// The lines of a tail that hold a JSON object, last first: the same lines, in reverse, as
+/// [`super::reply::Tail::last_object`] looks at, so its object is the first of these.
+fn objects_from_the_end(tail: &[u8]) -> impl Iterator<Item = &[u8]> {
     tail.split(|b| *b == b'\n')
         .map(<[u8]>::trim_ascii)
         .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
         .filter(|l| l.first() == Some(&b'{'))
         .rev()
-        .take(LOOK_BACK)
-        .find_map(|l| sparse_object(l).ok().and_then(|v| of(&v)))
+}
+
+/// What a finished reply's tail shows: the statistics of its last object (as
+/// `ReplyStats::parse` reads them) and, when `with_usage`, its usage (as [`find`] reads it),
+/// with the last object parsed once for both where that gives the same answers.
+pub fn final_figures(tail: &Tail, with_usage: bool) -> (Option<ReplyStats>, Option<TokenUsage>) {
+    let last = tail.last_object();
+    let parsed = last.and_then(LastObject::parse);
+    let stats = match parsed.as_ref().and_then(LastObject::stats) {
+        Some(stats) => stats,
+        None => last.and_then(ReplyStats::parse),
+    };
+    if !with_usage {
+        return (stats, None);
+    }
+    // `last` is the first object `find` would look at.
+    let usage = match (last, &parsed) {
+        (None, _) => find(tail.bytes()),
+        (Some(_), Some(parsed)) => parsed.usage().or_else(|| find_before_last(tail.bytes())),
+        (Some(_), None) => find_before_last(tail.bytes()),
+    };
+    (stats, usage)
+}
+
+/// A reply's last object, parsed once for both its usage and its statistics: parsing it
+/// twice (here and as [`ReplyStats`]) was about 4% of corral's CPU per request at 1 KiB
+/// (issue 13).
+pub struct LastObject {
+    members: Value,
+    /// A member that [`READ_KEYS`] names came twice (the last one is kept).
+    repeated: bool,
+}
+
+impl LastObject {
+    /// `None` where [`find`] would skip the object: it does not parse.
+    pub fn parse(text: &[u8]) -> Option<LastObject> {
+        serde_json::from_slice::<Sparse>(text)
+            .ok()
+            .map(|sparse| LastObject {
+                members: sparse.members,
+                repeated: sparse.repeated,
+            })
+    }
+
+    /// The usage the object reports, as [`find`] reads it.
+    pub fn usage(&self) -> Option<TokenUsage> {
+        of(&self.members)
+    }
+
+    /// The statistics, exactly as `ReplyStats::parse` reads the same text, where this parse
+    /// can tell: a text it accepted is valid JSON, so a typed parse differs only by refusing
+    /// a repeated field, at the top (known here) or inside `usage` or `timings` (not
+    /// tracked: those objects, from OpenAI-style and llama.cpp nodes, are left to the typed
+    /// parse). `None` when it cannot tell.
+    pub fn stats(&self) -> Option<Option<ReplyStats>> {
+        let nested = ["usage", "timings"]
+            .iter()
+            .any(|k| self.members.get(k).is_some_and(|v| !v.is_null()));
+        if self.repeated || nested {
+            return None;
+        }
+        Some(ReplyStats::deserialize(&self.members).ok())
+    }
 }
 
 /// The members of a reply object that [`of`] reads.
-const READ_KEYS: [&str; 5] = [
+const READ_KEYS: [&str; 8] = [
     "usage",
     "response",
     "timings",
     "prompt_eval_count",
     "eval_count",
+    // Read by ReplyStats (see LastObject::stats).
+    "load_duration",
+    "prompt_eval_duration",
+    "eval_duration",
 ];
 
 /// Parses a JSON object as `serde_json::from_slice::<Value>` does (the same texts accepted,
@@ -53,10 +136,13 @@ const READ_KEYS: [&str; 5] = [
 /// dropped. A final chunk is parsed once per reply, and building all of it was the costly
 /// part.
 fn sparse_object(text: &[u8]) -> serde_json::Result<Value> {
-    serde_json::from_slice::<Sparse>(text).map(|sparse| sparse.0)
+    serde_json::from_slice::<Sparse>(text).map(|sparse| sparse.members)
 }
 
-struct Sparse(Value);
+struct Sparse {
+    members: Value,
+    repeated: bool,
+}
 
 impl<'de> Deserialize<'de> for Sparse {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Sparse, D::Error> {
@@ -68,17 +154,22 @@ impl<'de> Deserialize<'de> for Sparse {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Sparse, A::Error> {
                 let mut kept = serde_json::Map::new();
+                let mut repeated = false;
                 while let Some(key) = map.next_key::<Key>()? {
                     match key.0 {
                         Some(name) => {
-                            kept.insert(name.to_string(), map.next_value::<Value>()?);
+                            let value = map.next_value::<Value>()?;
+                            repeated |= kept.insert(name.to_string(), value).is_some();
                         }
                         None => {
                             map.next_value::<Checked>()?;
                         }
                     }
                 }
-                Ok(Sparse(Value::Object(kept)))
+                Ok(Sparse {
+                    members: Value::Object(kept),
+                    repeated,
+                })
             }
         }
         de.deserialize_any(Members)
@@ -354,6 +445,24 @@ mod tests {
             let tail: String = pieces.iter().map(|i| PIECES[*i]).collect();
             proptest::prop_assert_eq!(find(tail.as_bytes()), find_by_value(tail.as_bytes()));
         }
+
+        /// Parsing the last object once reads the statistics and usage that parsing it twice
+        /// (typed, then sparse) read, whole or cut by a small tail.
+        #[test]
+        fn final_figures_match_two_parses(
+            pieces in proptest::collection::vec(0usize..PIECES.len(), 0..40),
+            cap in proptest::sample::select(vec![8usize, 64, 4096]),
+        ) {
+            let mut tail = Tail::new(cap);
+            for i in &pieces {
+                tail.push(PIECES[*i].as_bytes());
+            }
+            let two = (
+                tail.last_object().and_then(ReplyStats::parse),
+                find(tail.bytes()),
+            );
+            proptest::prop_assert_eq!(final_figures(&tail, true), two);
+        }
     }
 
     const PIECES: &[&str] = &[
@@ -381,6 +490,10 @@ mod tests {
         "\"prompt_n\":",
         "\"cache_n\":",
         "\"predicted_n\":",
+        "\"load_duration\":",
+        "\"prompt_eval_duration\":",
+        "\"eval_duration\":",
+        "{\"load_duration\":200000000,\"prompt_eval_count\":26,\"eval_count\":9,\"eval_duration\":700}",
         "\"message\":",
         "\"content\":",
         "\"text \\u00e9\\n\"",
@@ -397,4 +510,49 @@ mod tests {
         "{\"timings\":{\"prompt_n\":3,\"cache_n\":90}}",
         "[DONE]",
     ];
+
+    /// The statistics read from the shared parse are the typed parse's, wherever it answers;
+    /// and the usage is `find`'s.
+    #[test]
+    fn one_parse_reads_what_two_did() {
+        let cases: &[&str] = &[
+            r#"{"model":"m","done":true,"load_duration":200000000,"prompt_eval_count":26,"prompt_eval_duration":200000,"eval_count":9,"eval_duration":700000}"#,
+            r#"{"prompt_eval_count":1,"prompt_eval_count":2}"#,
+            r#"{"eval_count":1.5}"#,
+            r#"{"eval_count":-1,"prompt_eval_count":3}"#,
+            r#"{"load_duration":"slow","prompt_eval_count":3}"#,
+            r#"{"usage":{"prompt_tokens":9,"prompt_tokens":10}}"#,
+            r#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":7}}}"#,
+            r#"{"timings":{"prompt_n":2,"cache_n":5,"predicted_per_second":10}}"#,
+            r#"{"usage":null,"timings":null,"eval_count":4,"eval_duration":1000}"#,
+            r#"{"message":{"content":"\u00e9 \"quoted\""},"prompt_eval_count":5}"#,
+            r#"{"type":"response.completed","response":{"usage":{"input_tokens":20}}}"#,
+            r#"{"x":[1,{"y":null}],"done":true}"#,
+        ];
+        for case in cases {
+            let last = LastObject::parse(case.as_bytes()).expect(case);
+            if let Some(stats) = last.stats() {
+                assert_eq!(stats, ReplyStats::parse(case.as_bytes()), "{case}");
+            }
+            assert_eq!(last.usage(), find(case.as_bytes()), "{case}");
+        }
+        let repeated = LastObject::parse(cases[1].as_bytes()).unwrap();
+        assert!(
+            repeated.stats().is_none(),
+            "a repeated field goes to the typed parse"
+        );
+        let ollama = LastObject::parse(cases[0].as_bytes()).unwrap();
+        assert!(
+            ollama.stats().is_some_and(|s| s.is_some()),
+            "Ollama's final chunk is read once"
+        );
+    }
+
+    #[test]
+    fn usage_before_the_last_object() {
+        let tail =
+            b"data: {\"usage\":{\"prompt_tokens\":9}}\n\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(find_before_last(tail), find(tail));
+        assert_eq!(find_before_last(b"{\"prompt_eval_count\":1}"), None);
+    }
 }

@@ -2,6 +2,7 @@
 
 mod conversation;
 mod endpoint;
+mod fields;
 mod multipart;
 mod profile;
 pub mod session;

@@ -8,6 +8,7 @@ use serde_json::value::RawValue;
 
 use super::conversation::{PrefixChain, prompt_chain};
 use super::endpoint::Endpoint;
+use super::fields::{self, Fields};
 use super::session::session_hash;
 
 /// A rough count used by every tokenizer-free router: four bytes of text per token.
@@ -58,40 +59,6 @@ impl std::fmt::Display for ProfileError {
     }
 }
 
-/// The fields of interest across all routed endpoints; the rest of the body is skipped.
-/// Strings borrow from the body when they have no escapes.
-#[derive(Deserialize)]
-struct Body<'a> {
-    #[serde(borrow, default)]
-    model: Option<std::borrow::Cow<'a, str>>,
-    /// `/api/show` still accepts the older `name`.
-    #[serde(borrow, default)]
-    name: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    options: Option<Options>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<Message<'a>>>,
-    #[serde(borrow, default)]
-    prompt: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    images: Option<Vec<&'a RawValue>>,
-    #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
-    /// Responses API: a system message ahead of `input`.
-    #[serde(borrow, default)]
-    instructions: Option<&'a RawValue>,
-    /// OpenAI's cache routing hint (chat completions and Responses).
-    #[serde(borrow, default)]
-    prompt_cache_key: Option<&'a RawValue>,
-    /// Anthropic's `metadata.user_id`; other APIs use `metadata` for other things.
-    #[serde(borrow, default)]
-    metadata: Option<&'a RawValue>,
-}
-
 /// One item of a Responses API `input` list: a message (`role`, `content`), or another item
 /// (function call, its output...) hashed whole.
 #[derive(Deserialize)]
@@ -110,28 +77,9 @@ struct AnthropicMetadata {
     user_id: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct Options {
-    #[serde(default)]
-    num_ctx: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    role: std::borrow::Cow<'a, str>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    images: Option<Vec<&'a RawValue>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
-}
-
 impl Profile {
     pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Profile, ProfileError> {
-        let parsed: Body =
-            serde_json::from_slice(body).map_err(|e| ProfileError::Invalid(e.to_string()))?;
+        let parsed = fields::read(body).map_err(|e| ProfileError::Invalid(e.to_string()))?;
         let model = match (&parsed.model, &parsed.name, endpoint) {
             (Some(m), _, _) if !m.trim().is_empty() => m.to_string(),
             (None, Some(n), Endpoint::Show) if !n.trim().is_empty() => n.to_string(),
@@ -141,7 +89,7 @@ impl Profile {
         let stream = parsed
             .stream
             .unwrap_or_else(|| endpoint.streams_by_default());
-        let num_ctx = parsed.options.as_ref().and_then(|o| o.num_ctx);
+        let num_ctx = parsed.num_ctx;
 
         let mut chain = PrefixChain::start(&model_key);
         let mut text_bytes = 0usize;
@@ -154,18 +102,18 @@ impl Profile {
             _ => None,
         };
         if let Some(system) = leading_system {
-            text_bytes += system.get().len();
-            chain.push(&[b"system", system.get().as_bytes(), b""]);
+            text_bytes += system.len();
+            chain.push(&[b"system", system.as_bytes(), b""]);
         }
         if endpoint == Endpoint::OpenAiResponses {
-            let input = parsed.input.map(RawValue::get).unwrap_or("null");
+            let input = parsed.input.unwrap_or("null");
             text_bytes += input.len();
             images = saturating_u32(count(&INPUT_IMAGE, input));
             follow_up = responses_input_chain(input, &mut chain)?;
         } else if let Some(messages) = &parsed.messages {
             for m in messages {
-                let content = m.content.map_or("", RawValue::get);
-                let tools = m.tool_calls.map_or("", RawValue::get);
+                let content = m.content.unwrap_or_default();
+                let tools = m.tool_calls.unwrap_or_default();
                 text_bytes += content.len() + tools.len();
                 let message_images = m.images.as_ref().map_or(0, Vec::len);
                 // OpenAI and Anthropic carry images as content parts.
@@ -176,22 +124,22 @@ impl Profile {
                     let mut parts: Vec<&[u8]> =
                         vec![m.role.as_bytes(), content.as_bytes(), tools.as_bytes()];
                     for image in m.images.iter().flatten() {
-                        parts.push(image.get().as_bytes());
+                        parts.push(image.as_bytes());
                     }
                     chain.push(&parts);
                 }
             }
         } else if endpoint.generates() {
-            let system = parsed.system.map(|s| s.get().as_bytes());
-            let prompt = parsed.prompt.map_or(&b""[..], |p| p.get().as_bytes());
+            let system = parsed.system.map(str::as_bytes);
+            let prompt = parsed.prompt.map_or(&b""[..], str::as_bytes);
             text_bytes += system.map_or(0, <[u8]>::len) + prompt.len();
             chain = prompt_chain(&model_key, system, prompt);
         }
-        if let Some(top) = &parsed.images {
-            images = images.saturating_add(saturating_u32(top.len()));
+        if let Some(top) = parsed.images {
+            images = images.saturating_add(saturating_u32(top));
         }
         if let (Some(input), false) = (parsed.input, endpoint == Endpoint::OpenAiResponses) {
-            text_bytes += input.get().len();
+            text_bytes += input.len();
         }
         let session = explicit_session(endpoint, &parsed).map(|key| session_hash(&model_key, &key));
         let prompt_tokens = saturating_u32(text_bytes.div_ceil(BYTES_PER_TOKEN))
@@ -269,11 +217,11 @@ fn responses_input_chain(input: &str, chain: &mut PrefixChain) -> Result<bool, P
 
 /// The session key a body carries: `prompt_cache_key` (OpenAI), or `metadata.user_id` on
 /// the Anthropic endpoint. Keys that are not strings, or are empty, are ignored.
-fn explicit_session(endpoint: Endpoint, body: &Body) -> Option<String> {
+fn explicit_session(endpoint: Endpoint, body: &Fields) -> Option<String> {
     let non_empty = |s: String| (!s.trim().is_empty()).then_some(s);
     if let Some(key) = body
         .prompt_cache_key
-        .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+        .and_then(|raw| serde_json::from_str::<String>(raw).ok())
         .and_then(non_empty)
     {
         return Some(key);
@@ -281,7 +229,7 @@ fn explicit_session(endpoint: Endpoint, body: &Body) -> Option<String> {
     if endpoint != Endpoint::AnthropicMessages {
         return None;
     }
-    let metadata: AnthropicMetadata = serde_json::from_str(body.metadata?.get()).ok()?;
+    let metadata: AnthropicMetadata = serde_json::from_str(body.metadata?).ok()?;
     metadata.user_id.and_then(non_empty)
 }
 

@@ -31,6 +31,11 @@ use fleet::TimeScale;
 use policy::Policy;
 use workload::{Overrides, WorkloadKind};
 
+/// The allocator corral runs on (src/main.rs), so that `bare-pingora`, the floor corral is
+/// measured against, differs from it by the proxy's work and not by the allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "corral-bench", about = "Benchmarks for corral")]
 struct Cli {
