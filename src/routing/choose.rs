@@ -46,8 +46,8 @@ pub fn rank(
         size: request.need.map(signals::size_class),
     };
     let mut ranked = Vec::with_capacity(views.len());
-    // Per candidate, in the same order: expected wait and cold prefill rate, where measured,
-    // and its live conversations and warm room.
+    // Per candidate, in the same order: its queue, measured speeds, live conversations and
+    // warm room.
     let mut starts: Vec<Start> = Vec::with_capacity(views.len());
     // Per candidate, in the same order: what a second home for the model needs to know.
     let mut homes: Vec<Home> = Vec::with_capacity(views.len());
@@ -100,11 +100,7 @@ pub fn rank(
             evicts_busy,
             standby: view.standby,
         });
-        let wait = state
-            .service_s
-            .map(|service| stay::expected_wait(depth, view.parallel, service));
         starts.push(Start {
-            wait,
             cold_tps: state.cold_tps,
             service_s: state.service_s,
             parallel: view.parallel,
@@ -236,18 +232,32 @@ fn spread_by_warm_room(
             best = Some((i, cost));
         }
     }
-    let Some((pick, _)) = best else { return };
-    let lead = ranked
-        .iter()
-        .enumerate()
-        .filter(|&(i, c)| i != pick && !c.standby)
-        .map(|(_, c)| c.scores.total())
-        .max_by(f64::total_cmp);
-    if let Some(lead) = lead {
-        let gap = lead - ranked[pick].scores.total();
-        if gap >= 0.0 {
-            ranked[pick].scores.session_affinity += gap + 1.0;
-        }
+    if let Some((pick, _)) = best {
+        lead_by_affinity(ranked, pick);
+    }
+}
+
+/// The best total among the live candidates other than `pick`, if there is one.
+fn best_other(ranked: &[Candidate], pick: usize) -> Option<usize> {
+    (0..ranked.len())
+        .filter(|&i| i != pick && !ranked[i].standby)
+        .max_by(|&a, &b| {
+            ranked[a]
+                .scores
+                .total()
+                .total_cmp(&ranked[b].scores.total())
+        })
+}
+
+/// Raises `pick`'s session-affinity score just enough for it to lead, so that its
+/// X-Fleet-Score shows it won.
+fn lead_by_affinity(ranked: &mut [Candidate], pick: usize) {
+    let Some(other) = best_other(ranked, pick) else {
+        return;
+    };
+    let gap = ranked[other].scores.total() - ranked[pick].scores.total();
+    if gap >= 0.0 {
+        ranked[pick].scores.session_affinity += gap + 1.0;
     }
 }
 
@@ -276,8 +286,6 @@ impl Fastest {
 
 /// What starting a request on a candidate would take.
 struct Start {
-    /// Seconds until a slot is free, where the service time is measured.
-    wait: Option<f64>,
     /// Prompt tokens per second when nothing is cached, where measured.
     cold_tps: Option<f64>,
     /// Seconds a request takes there, where measured.
@@ -287,6 +295,14 @@ struct Start {
     /// Live conversations there, and how many its slots and host cache keep warm.
     live: u32,
     room: f64,
+}
+
+impl Start {
+    /// Seconds until a slot is free, where the service time is measured.
+    fn wait(&self) -> Option<f64> {
+        let service = self.service_s?;
+        Some(stay::expected_wait(self.depth, self.parallel, service))
+    }
 }
 
 /// The best learned speeds for the model among the nodes, the yardstick of the latency
@@ -322,30 +338,24 @@ fn keep_warm_if_sooner(
     let Some(warm) = ranked.iter().position(|c| c.node.id == warm_node) else {
         return;
     };
-    let best_other = (0..ranked.len())
-        .filter(|&i| i != warm && !ranked[i].standby)
-        .max_by(|&a, &b| {
-            ranked[a]
-                .scores
-                .total()
-                .total_cmp(&ranked[b].scores.total())
-        });
-    let Some(other) = best_other else { return };
+    let Some(other) = best_other(ranked, warm) else {
+        return;
+    };
     let gap = ranked[other].scores.total() - ranked[warm].scores.total();
     if gap < 0.0 || ranked[warm].standby {
         return;
     }
-    let Some(warm_wait) = starts[warm].wait else {
+    let Some(warm_wait) = starts[warm].wait() else {
         return;
     };
-    let (Some(other_wait), Some(other_tps)) = (starts[other].wait, starts[other].cold_tps) else {
+    let (Some(other_wait), Some(other_tps)) = (starts[other].wait(), starts[other].cold_tps) else {
         return;
     };
     let Some(cost) = stay::move_cost(prompt_tokens, other_tps, factor) else {
         return;
     };
     if stay::stays(warm_wait, other_wait, cost) {
-        ranked[warm].scores.session_affinity += gap + 1.0;
+        lead_by_affinity(ranked, warm);
     }
 }
 
