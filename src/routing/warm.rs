@@ -185,6 +185,8 @@ pub struct HostEntry {
 #[derive(Clone, Debug, Default)]
 pub struct HostCache {
     entries: VecDeque<HostEntry>,
+    /// The tokens of `entries`, kept as they change so that their mean costs nothing.
+    saved_tokens: u64,
     capacity: Capacity,
     /// Recent replies to conversations found in the list: how deep each was, and whether
     /// the node had it warm.
@@ -232,6 +234,7 @@ impl HostCache {
     pub fn none() -> HostCache {
         HostCache {
             entries: VecDeque::new(),
+            saved_tokens: 0,
             capacity: Capacity::Tokens(0),
             seen: VecDeque::new(),
         }
@@ -250,17 +253,22 @@ impl HostCache {
         if entry.lineage == 0 {
             return;
         }
-        self.entries.retain(|e| e.lineage != entry.lineage);
+        self.take(entry.lineage);
+        self.saved_tokens += entry.tokens;
         self.entries.push_back(entry);
         while self.entries.len() > Self::MAX_ENTRIES {
-            self.entries.pop_front();
+            if let Some(oldest) = self.entries.pop_front() {
+                self.saved_tokens = self.saved_tokens.saturating_sub(oldest.tokens);
+            }
         }
     }
 
     /// A conversation restored into a slot leaves the cache.
     pub fn take(&mut self, lineage: u64) -> Option<HostEntry> {
         let i = self.entries.iter().position(|e| e.lineage == lineage)?;
-        self.entries.remove(i)
+        let entry = self.entries.remove(i)?;
+        self.saved_tokens = self.saved_tokens.saturating_sub(entry.tokens);
+        Some(entry)
     }
 
     pub fn place(&self, lineage: u64) -> Option<HostPlace> {
@@ -316,6 +324,7 @@ impl HostCache {
     /// Forgets every saved conversation (the model unloaded); the capacity stays learned.
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.saved_tokens = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -329,8 +338,7 @@ impl HostCache {
         let Capacity::Tokens(capacity) = self.capacity else {
             return slots as f64;
         };
-        let saved: u64 = self.entries.iter().map(|e| e.tokens).sum();
-        match saved.checked_div(self.entries.len() as u64) {
+        match self.saved_tokens.checked_div(self.entries.len() as u64) {
             Some(mean) if mean > 0 => capacity as f64 / mean as f64,
             _ if capacity == 0 => 0.0,
             _ => slots as f64,
@@ -534,6 +542,15 @@ mod tests {
         assert_eq!(h.room(4), 4.0);
         h.set_capacity(Capacity::Tokens(1_000));
         assert_eq!(h.room(4), 5.0, "1,000 tokens of 200-token conversations");
+        // Saved again larger, and restored: the mean follows what the cache holds.
+        h.save(entry(1, 300));
+        assert_eq!(h.room(4), 1_000.0 / 300.0);
+        h.take(2);
+        assert_eq!(h.room(4), 1_000.0 / 300.0);
+        h.take(1);
+        assert_eq!(h.room(4), 4.0, "nothing saved: as many as slots");
+        h.save(entry(1, 100));
+        h.save(entry(2, 300));
         assert_eq!(HostCache::none().room(4), 0.0);
         let since = Instant::now() + Duration::from_secs(1);
         assert_eq!(h.used_since(since), 0);
