@@ -5,6 +5,7 @@ fleet has slots, several seeds; prints median [min-max] per cell.
 
 Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy,llama-cpp,openai]
                               [--move-cost 2] [--policies corral,hash-by-slots,...] [--time-scale 10]
+                              [--loads 1,2]
 """
 import argparse
 import json
@@ -45,12 +46,13 @@ def main():
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--time-scale", type=float, default=40.0,
                     help="real durations divided by this; lower is slower and less sensitive to the machine's load")
+    ap.add_argument("--loads", default="1,2", help="live conversations per slot, e.g. 2 for only 2x")
     args = ap.parse_args()
     POLICIES[:] = args.policies.split(",")
     print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | first-turn TTFT p50 ms | mean TTFT, all turns, ms | follow-ups moved | corral's prediction agrees | wrong predictions (claim->node@turn) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in args.kinds.split(","):
-        for live in (SLOTS, 2 * SLOTS):
+        for live in [int(n) * SLOTS for n in args.loads.split(",")]:
             rows = {p: {"warm": [], "p50": [], "p90": [], "first": [], "mean": [], "moved": [], "agree": [0, 0], "wrong": {}}
                     for p in POLICIES}
             for seed in range(1, args.seeds + 1):

@@ -188,6 +188,18 @@ impl Router {
             slot.last_used = Some(now);
             slot.busy += 1;
             slot.tokens = tokens;
+            // Once a task has its slot, llama-server copies every idle slot's conversation
+            // into its host cache (`--cache-idle-slots`, on by default with a host cache:
+            // `server-context.cpp`, after `launch_slot_with_task`). The copies take room
+            // there and push older conversations out.
+            for idle in state.slots.iter().filter(|s| s.busy == 0) {
+                state.warm.host.save(HostEntry {
+                    lineage: idle.lineage,
+                    depth: idle.depth,
+                    tokens: idle.tokens,
+                    last_used: idle.last_used.unwrap_or(now),
+                });
+            }
             (index, lineage)
         });
         dispatch.slot = Some(index);
@@ -375,7 +387,7 @@ impl Dispatch {
         let prediction = self.prediction?;
         let reading = stats.reading()?;
         let node = self.node.clone();
-        node.books(|books| {
+        let observed = node.books(|books| {
             books.kind.learn_reply_shape(stats.shape());
             let counting = books.kind.counting;
             let state = books.models.get_mut(&self.model)?;
@@ -415,15 +427,29 @@ impl Dispatch {
                     self.prefill_tps = Some(evaluated as f64 / seconds);
                 }
             }
-            if let Some(probe) = prediction.probe {
-                state.warm.host.learn(probe.needed, observed);
-            }
-            Some(Observation {
-                predicted: prediction.affinity,
-                measured,
-                observed,
-            })
-        })
+            // What an old runner's replies show says nothing of a host cache: it has none.
+            let shown = match prediction.probe {
+                Some(probe) if books.kind.host_cache != Some(false) => {
+                    state.warm.host.learn(probe.needed, observed);
+                    Some(state.warm.host.shown_limit())
+                }
+                _ => None,
+            };
+            Some((
+                Observation {
+                    predicted: prediction.affinity,
+                    measured,
+                    observed,
+                },
+                shown,
+            ))
+        });
+        let (observation, shown) = observed?;
+        if let Some(shown) = shown {
+            let peers = &self.router.peer_capacities;
+            peers.record(&self.model, node.id, shown);
+        }
+        Some(observation)
     }
 
     /// Prefill speed measured by [`Dispatch::observe`]: evaluated tokens per second.

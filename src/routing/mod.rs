@@ -49,6 +49,8 @@ pub struct Router {
     turn_gaps: placement::TurnGaps,
     /// Probes of how many requests each node runs at once ([`parallel`]).
     probes: parallel::Probes,
+    /// Host-cache capacities the nodes' replies have shown, per model.
+    peer_capacities: warm::PeerCapacities,
 }
 
 /// The node holding a request's longest warm prefix.
@@ -204,6 +206,7 @@ impl Router {
             placement: parking_lot::Mutex::new(()),
             turn_gaps: placement::TurnGaps::default(),
             probes: parallel::Probes::default(),
+            peer_capacities: warm::PeerCapacities::default(),
         }
     }
 
@@ -256,7 +259,8 @@ impl Router {
         if nodes.is_empty() {
             return Err(RouteError::NoHealthyNode);
         }
-        let (pin, went_cold, probe) = self.find_pin(p);
+        let peer_capacity = self.peer_capacities.of(&p.model_key);
+        let (pin, went_cold, probe) = self.find_pin(p, peer_capacity);
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
         let warm_node = p
@@ -278,6 +282,7 @@ impl Router {
             ttl: self.ttl(),
             live: self.turn_gaps.live_window(self.ttl()),
             pause_known: request.pause_s.is_some(),
+            peer_capacity,
         };
         let mut views: Vec<NodeView> = nodes
             .iter()
@@ -313,7 +318,12 @@ impl Router {
     /// saved, model unloaded, expired) are dropped on the way; the second value tells
     /// whether any was seen. The third is the deepest conversation found in a host cache,
     /// warm or not, whose reply will show how deep that cache goes.
-    fn find_pin(&self, p: &Profile) -> (Option<Pin>, bool, Option<HostProbe>) {
+    /// `peer_capacity` is what other nodes' host caches were shown to keep of this model.
+    fn find_pin(
+        &self,
+        p: &Profile,
+        peer_capacity: Option<u64>,
+    ) -> (Option<Pin>, bool, Option<HostProbe>) {
         let mut went_cold = false;
         let mut probe = None;
         let now = Instant::now();
@@ -333,7 +343,7 @@ impl Router {
                         .find(|s| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
                         .map(|s| Place::Slot(s.depth));
                     in_slot.or_else(|| {
-                        let place = state.warm.host.place(entry.lineage)?;
+                        let place = state.warm.host.place(entry.lineage, peer_capacity)?;
                         Some(Place::Host(place, host_allowed))
                     })
                 })
@@ -681,7 +691,7 @@ mod tests {
         assert_eq!((o.observed, o.agrees()), (Observed::Cold, Some(false)));
         let node = &r.fleet.nodes()[0];
         let capacity = node.lock_books().models[MODEL].warm.host.capacity();
-        assert_eq!(capacity, Capacity::Tokens(needed_a - 1));
+        assert_eq!(capacity, Capacity::Tokens((needed_a - 1) / 2));
         // Now b (also three deep: c, d, then a saved after it) is predicted cold...
         let b = chat(&["b", "r", &long, "reply", "more"]);
         let d = r.decide(&b).unwrap();
@@ -699,6 +709,34 @@ mod tests {
             NodeKind::LlamaCpp,
             "the replies' timings told the kind"
         );
+    }
+
+    #[test]
+    fn a_node_whose_replies_showed_no_limit_yet_takes_its_peers() {
+        let r = router(2, 1);
+        let long = "x".repeat(400);
+        for node in 0..2 {
+            for c in ["a", "b", "c", "d"] {
+                serve(&r, &chat(&[&format!("{c}{node}"), "r", &long]), node);
+            }
+        }
+        // Each node saved three conversations; the oldest needs all three kept.
+        let on_0 = chat(&["a0", "r", &long, "reply", "more"]);
+        let on_1 = chat(&["a1", "r", &long, "reply", "more"]);
+        let d = r.decide(&on_1).unwrap();
+        assert_eq!(d.affinity_for(1), AffinityResult::Host, "nothing known yet");
+        // Node 0's reply shows its cache did not keep its oldest.
+        let o = serve_replying(&r, &on_0, 0, &llama_cpp_reply(0, 120));
+        assert_eq!(o.observed, Observed::Cold);
+        // Node 1, as deep, is now taken to have lost it too, and is still probed...
+        let d = r.decide(&on_1).unwrap();
+        assert_eq!(d.affinity_for(1), AffinityResult::Miss);
+        assert_eq!(d.probe.map(|p| p.node), Some(1));
+        // ...so that its own reply decides: it kept it, and nothing shallower is doubted.
+        let o = serve_replying(&r, &on_1, 1, &llama_cpp_reply(100, 3));
+        assert_eq!((o.observed, o.agrees()), (Observed::Warm, Some(false)));
+        let b1 = chat(&["b1", "r", &long, "reply", "more"]);
+        assert_eq!(r.decide(&b1).unwrap().affinity_for(1), AffinityResult::Host);
     }
 
     #[test]

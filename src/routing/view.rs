@@ -50,6 +50,9 @@ pub struct Moment {
     /// Whether that pause has been learned: until a conversation has come back for a next
     /// turn, nothing says that conversations continue, and only those running count live.
     pub pause_known: bool,
+    /// What other nodes' host caches were shown to keep of the requested model
+    /// ([`super::warm::PeerCapacities`]).
+    pub peer_capacity: Option<u64>,
 }
 
 impl NodeView {
@@ -143,8 +146,16 @@ impl ModelView {
         // A conversation pushed out of a slot into a host cache that keeps it is not lost.
         // A conversation pushed out of a slot into a host cache with room for it is not
         // lost; where the cache is full, it pushes the oldest saved one out instead.
+        // Where the cache holds a copy of every slot's conversation (llama-server copies
+        // idle slots), the displaced one stays there as it was.
+        let host = &state.warm.host;
+        let copies = (state.slots.iter())
+            .filter(|s| s.lineage != 0 && host.holds(s.lineage))
+            .count();
+        let held = state.slots.iter().filter(|s| s.lineage != 0).count();
         let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);
-        let host_keeps = host_allowed && state.warm.host.has_room(victim, parallel);
+        let host_keeps =
+            host_allowed && (copies == held || host.has_room(victim, parallel, at.peer_capacity));
         ModelView {
             in_flight: state.in_flight,
             waiting: state.waiting,
@@ -163,12 +174,13 @@ impl ModelView {
                     Duration::ZERO
                 };
                 let since = at.now.checked_sub(live).unwrap_or(at.now);
-                let saved = state.warm.host.used_since(since);
+                let in_slot = |lineage| state.slots.iter().any(|s| s.lineage == lineage);
+                let saved = host.used_since(since, in_slot);
                 placement::live_conversations(&state.slots, saved, at.now, live)
             },
             warm_room: parallel as f64
                 + if host_allowed {
-                    state.warm.host.room(parallel)
+                    host.room(parallel, at.peer_capacity, copies)
                 } else {
                     0.0
                 },
@@ -304,6 +316,7 @@ mod tests {
             ttl: Duration::from_secs(300),
             live: Duration::from_secs(300),
             pause_known: true,
+            peer_capacity: None,
         };
         NodeView::take(node, model, false, &Probes::default(), &mut sizes, &at)
     }

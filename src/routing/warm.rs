@@ -7,9 +7,11 @@
 //! `server-task.cpp`, `server_prompt_cache`), oldest entries dropped first once the cache's
 //! bytes are full. corral mirrors that list ([`HostCache`]) and learns its capacity, in
 //! tokens, from what the replies show: a conversation found warm at some depth in the list
-//! proves the capacity at least that deep, one found cold proves it shallower.
+//! proves the capacity at least that deep, one found cold proves it shallower. Until a
+//! node's own replies show a limit, it is taken to keep what other nodes serving the same
+//! model were found to keep ([`PeerCapacities`]).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use crate::fleet::Ewma;
@@ -191,6 +193,11 @@ pub struct HostCache {
     /// Recent replies to conversations found in the list: how deep each was, and whether
     /// the node had it warm.
     seen: VecDeque<(u64, bool)>,
+    /// Some reply in `seen` found a conversation cold: the node's own evidence speaks to
+    /// its limit, and no peer's capacity stands in for it.
+    limit_shown: bool,
+    /// The deepest conversation `seen` found warm: the cache holds at least this much.
+    warm_floor: u64,
 }
 
 /// The learned capacity of a host cache, in estimated tokens.
@@ -237,20 +244,54 @@ impl HostCache {
             saved_tokens: 0,
             capacity: Capacity::Tokens(0),
             seen: VecDeque::new(),
+            limit_shown: true,
+            warm_floor: 0,
         }
     }
 
+    /// The capacity learned from this node's own replies.
     pub fn capacity(&self) -> Capacity {
         self.capacity
     }
 
-    pub fn set_capacity(&mut self, capacity: Capacity) {
-        self.capacity = capacity;
+    /// The capacity the cache is taken to have: its own, or while its replies have shown
+    /// no limit, `peers` (what nodes serving the same model keep, [`PeerCapacities`]) but
+    /// never less than it was seen to hold. Ollama starts every llama-server without
+    /// `--cache-ram`, so nodes of one model keep about as many tokens, and the first
+    /// node to show a limit spares the others the same surprise.
+    pub fn capacity_with(&self, peers: Option<u64>) -> Capacity {
+        match (self.capacity, peers) {
+            (Capacity::Unbounded, Some(tokens)) if !self.limit_shown => {
+                Capacity::Tokens(tokens.max(self.warm_floor))
+            }
+            (own, _) => own,
+        }
     }
 
-    /// A slot's conversation saved as the slot is given to another.
+    /// The capacity this node's replies have shown, for its peers; `None` while they show
+    /// no limit.
+    pub fn shown_limit(&self) -> Option<u64> {
+        match self.capacity {
+            Capacity::Tokens(tokens) if self.limit_shown => Some(tokens),
+            _ => None,
+        }
+    }
+
+    pub fn set_capacity(&mut self, capacity: Capacity) {
+        self.capacity = capacity;
+        self.limit_shown = capacity != Capacity::Unbounded;
+    }
+
+    /// A slot's conversation saved, as llama-server saves a prompt
+    /// (`server_prompt_cache::alloc`): as the newest, unless the cache holds it whole
+    /// already (saved before, and not grown since), where it stays as old as it was.
     pub fn save(&mut self, entry: HostEntry) {
         if entry.lineage == 0 {
+            return;
+        }
+        let held = self.entries.iter_mut().find(|e| e.lineage == entry.lineage);
+        if let Some(held) = held.filter(|e| e.depth >= entry.depth && e.tokens >= entry.tokens) {
+            held.last_used = held.last_used.max(entry.last_used);
             return;
         }
         self.take(entry.lineage);
@@ -271,7 +312,8 @@ impl HostCache {
         Some(entry)
     }
 
-    pub fn place(&self, lineage: u64) -> Option<HostPlace> {
+    pub fn place(&self, lineage: u64, peers: Option<u64>) -> Option<HostPlace> {
+        let capacity = self.capacity_with(peers);
         let mut needed = 0;
         for e in self.entries.iter().rev() {
             needed += e.tokens;
@@ -279,7 +321,7 @@ impl HostCache {
                 return Some(HostPlace {
                     depth: e.depth,
                     needed,
-                    warm: self.capacity.holds(needed),
+                    warm: capacity.holds(needed),
                 });
             }
         }
@@ -289,8 +331,8 @@ impl HostCache {
     /// Whether saving `tokens` more would push no conversation counted warm out. Before
     /// any reply has shown a limit, the cache is taken to hold as many conversations as
     /// the node has `slots`, so that new conversations spread by slots meanwhile.
-    pub fn has_room(&self, tokens: u64, slots: usize) -> bool {
-        let Capacity::Tokens(capacity) = self.capacity else {
+    pub fn has_room(&self, tokens: u64, slots: usize, peers: Option<u64>) -> bool {
+        let Capacity::Tokens(capacity) = self.capacity_with(peers) else {
             return self.entries.len() < slots;
         };
         let mut warm = 0;
@@ -319,6 +361,12 @@ impl HostCache {
             self.seen.pop_front();
         }
         self.capacity = best_capacity(&self.seen);
+        self.limit_shown = self.seen.iter().any(|&(_, warm)| !warm);
+        self.warm_floor = (self.seen.iter())
+            .filter(|&&(_, warm)| warm)
+            .map(|&(needed, _)| needed)
+            .max()
+            .unwrap_or(0);
     }
 
     /// Forgets every saved conversation (the model unloaded); the capacity stays learned.
@@ -331,24 +379,34 @@ impl HostCache {
         self.entries.len()
     }
 
-    /// How many conversations the cache keeps, by its learned capacity and the mean size
-    /// of what it saved; before a reply has shown a limit, as many as the node has `slots`
-    /// (as [`HostCache::has_room`] assumes). A cache known to hold nothing keeps none.
-    pub fn room(&self, slots: usize) -> f64 {
-        let Capacity::Tokens(capacity) = self.capacity else {
+    /// How many conversations the cache keeps beyond the node's slots, by its learned
+    /// capacity and the mean size of what it saved, less the room taken by `copies` of
+    /// conversations that slots hold; before a reply has shown a limit, as many as the node
+    /// has `slots` (as [`HostCache::has_room`] assumes). A cache known to hold nothing
+    /// keeps none.
+    pub fn room(&self, slots: usize, peers: Option<u64>, copies: usize) -> f64 {
+        let Capacity::Tokens(capacity) = self.capacity_with(peers) else {
             return slots as f64;
         };
         match self.saved_tokens.checked_div(self.entries.len() as u64) {
-            Some(mean) if mean > 0 => capacity as f64 / mean as f64,
+            Some(mean) if mean > 0 => (capacity as f64 / mean as f64 - copies as f64).max(0.0),
             _ if capacity == 0 => 0.0,
             _ => slots as f64,
         }
     }
 
     /// Saved conversations whose last turn was served since `since`: those still live,
-    /// whether the cache kept them or not.
-    pub fn used_since(&self, since: Instant) -> usize {
-        self.entries.iter().filter(|e| e.last_used >= since).count()
+    /// whether the cache kept them or not. Copies of conversations that `in_slot` says a
+    /// slot holds are not counted: the slot counts them.
+    pub fn used_since(&self, since: Instant, in_slot: impl Fn(u64) -> bool) -> usize {
+        (self.entries.iter())
+            .filter(|e| e.last_used >= since && !in_slot(e.lineage))
+            .count()
+    }
+
+    /// Whether the cache holds a copy of this conversation.
+    pub fn holds(&self, lineage: u64) -> bool {
+        self.entries.iter().any(|e| e.lineage == lineage)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -383,7 +441,62 @@ fn best_capacity(seen: &VecDeque<(u64, bool)>) -> Capacity {
             best = (e, capacity);
         }
     }
-    best.1
+    // Every capacity down to the deepest conversation found warm within it explains the
+    // replies as well: the middle of that range halves the doubt with each surprise.
+    match best.1 {
+        Capacity::Tokens(hi) => {
+            let lo = (seen.iter())
+                .filter(|&&(needed, warm)| warm && needed <= hi)
+                .map(|&(needed, _)| needed)
+                .max()
+                .unwrap_or(0);
+            Capacity::Tokens(lo + (hi - lo) / 2)
+        }
+        Capacity::Unbounded => Capacity::Unbounded,
+    }
+}
+
+/// The host-cache capacities that nodes' own replies have shown, per model, so that a node
+/// whose replies have not shown its limit yet is taken to keep what its peers keep: the
+/// median of theirs.
+#[derive(Debug, Default)]
+pub struct PeerCapacities {
+    by_model: parking_lot::RwLock<HashMap<String, Shown>>,
+}
+
+#[derive(Debug, Default)]
+struct Shown {
+    /// Each node's shown capacity, by node id.
+    nodes: Vec<(u16, u64)>,
+    median: Option<u64>,
+}
+
+impl PeerCapacities {
+    /// What the nodes serving `model` were shown to keep, in tokens.
+    pub fn of(&self, model: &str) -> Option<u64> {
+        self.by_model.read().get(model).and_then(|s| s.median)
+    }
+
+    /// Records what `node`'s replies have shown of its cache for `model`: `None` where they
+    /// show no limit (any more).
+    pub fn record(&self, model: &str, node: u16, shown: Option<u64>) {
+        let known = self.by_model.read().get(model).map(|s| {
+            let mine = s.nodes.iter().find(|&&(id, _)| id == node);
+            mine.map(|&(_, tokens)| tokens)
+        });
+        if known.flatten() == shown {
+            return;
+        }
+        let mut by_model = self.by_model.write();
+        let s = by_model.entry(model.to_string()).or_default();
+        s.nodes.retain(|&(id, _)| id != node);
+        if let Some(tokens) = shown {
+            s.nodes.push((node, tokens));
+        }
+        let mut tokens: Vec<u64> = s.nodes.iter().map(|&(_, t)| t).collect();
+        tokens.sort_unstable();
+        s.median = tokens.get(tokens.len().saturating_sub(1) / 2).copied();
+    }
 }
 
 /// What corral learns per node and model, beyond the slots.
@@ -513,52 +626,143 @@ mod tests {
     }
 
     #[test]
+    fn until_its_own_replies_show_a_limit_a_cache_keeps_what_its_peers_keep() {
+        let mut h = HostCache::default();
+        h.save(entry(1, 100));
+        h.save(entry(2, 200));
+        h.save(entry(3, 300));
+        // Conversation 1 needs 600 tokens of cache: warm with nothing known, cold by a
+        // peer that was shown to keep 500.
+        assert!(h.place(1, None).unwrap().warm);
+        assert!(!h.place(1, Some(500)).unwrap().warm);
+        assert!(h.place(2, Some(500)).unwrap().warm);
+        assert_eq!(
+            h.room(4, Some(600), 0),
+            3.0,
+            "600 tokens of 200-token conversations"
+        );
+        assert!(!h.has_room(100, 4, Some(600)));
+        // Its own replies found 600 tokens warm: never less than that.
+        h.learn(600, Observed::Warm);
+        assert_eq!(h.capacity_with(Some(500)), Capacity::Tokens(600));
+        assert_eq!(h.shown_limit(), None, "no limit of its own to share");
+        // Once they find one cold, its own evidence alone decides.
+        h.learn(650, Observed::Cold);
+        assert_eq!(h.capacity_with(Some(10_000)), Capacity::Tokens(624));
+        assert_eq!(h.shown_limit(), Some(624));
+        // A node that has none shares nothing, whatever its peers keep.
+        assert_eq!(
+            HostCache::none().capacity_with(Some(500)),
+            Capacity::Tokens(0)
+        );
+    }
+
+    #[test]
+    fn peers_share_the_median_of_the_limits_their_replies_showed() {
+        let peers = PeerCapacities::default();
+        assert_eq!(peers.of("m"), None);
+        peers.record("m", 0, Some(1_000));
+        assert_eq!(peers.of("m"), Some(1_000));
+        peers.record("m", 1, Some(3_000));
+        peers.record("m", 2, Some(2_000));
+        assert_eq!(peers.of("m"), Some(2_000));
+        assert_eq!(peers.of("other"), None, "per model");
+        // A node that learns again replaces its own; one whose replies no longer show a
+        // limit leaves.
+        peers.record("m", 2, Some(5_000));
+        assert_eq!(peers.of("m"), Some(3_000));
+        peers.record("m", 1, None);
+        peers.record("m", 2, None);
+        assert_eq!(peers.of("m"), Some(1_000));
+        peers.record("m", 0, None);
+        assert_eq!(peers.of("m"), None);
+    }
+
+    #[test]
     fn host_cache_places_conversations_by_what_was_saved_after_them() {
         let mut h = HostCache::default();
         h.save(entry(1, 100));
         h.save(entry(2, 200));
         h.save(entry(3, 300));
-        assert_eq!(h.place(3).map(|p| p.needed), Some(300));
-        assert_eq!(h.place(1).map(|p| p.needed), Some(600));
+        assert_eq!(h.place(3, None).map(|p| p.needed), Some(300));
+        assert_eq!(h.place(1, None).map(|p| p.needed), Some(600));
         assert!(
-            h.place(1).unwrap().warm,
+            h.place(1, None).unwrap().warm,
             "unbounded until a reply shows a limit"
         );
         // Saving again moves it to the newest end.
         h.save(entry(1, 120));
-        assert_eq!(h.place(1).map(|p| p.needed), Some(120));
-        assert_eq!(h.place(2).map(|p| p.needed), Some(620));
+        assert_eq!(h.place(1, None).map(|p| p.needed), Some(120));
+        assert_eq!(h.place(2, None).map(|p| p.needed), Some(620));
         assert_eq!(h.take(2).map(|e| e.tokens), Some(200));
-        assert_eq!(h.place(2), None);
+        assert_eq!(h.place(2, None), None);
         assert_eq!(h.len(), 2);
     }
 
     #[test]
     fn a_host_cache_keeps_as_many_conversations_as_its_capacity_holds_of_their_mean_size() {
         let mut h = HostCache::default();
-        assert_eq!(h.room(4), 4.0, "as many as slots until a limit is learned");
+        assert_eq!(
+            h.room(4, None, 0),
+            4.0,
+            "as many as slots until a limit is learned"
+        );
         h.save(entry(1, 100));
         h.save(entry(2, 300));
-        assert_eq!(h.room(4), 4.0);
+        assert_eq!(h.room(4, None, 0), 4.0);
         h.set_capacity(Capacity::Tokens(1_000));
-        assert_eq!(h.room(4), 5.0, "1,000 tokens of 200-token conversations");
+        assert_eq!(
+            h.room(4, None, 0),
+            5.0,
+            "1,000 tokens of 200-token conversations"
+        );
         // Saved again larger, and restored: the mean follows what the cache holds.
         h.save(entry(1, 300));
-        assert_eq!(h.room(4), 1_000.0 / 300.0);
+        assert_eq!(h.room(4, None, 0), 1_000.0 / 300.0);
         h.take(2);
-        assert_eq!(h.room(4), 1_000.0 / 300.0);
+        assert_eq!(h.room(4, None, 0), 1_000.0 / 300.0);
         h.take(1);
-        assert_eq!(h.room(4), 4.0, "nothing saved: as many as slots");
+        assert_eq!(h.room(4, None, 0), 4.0, "nothing saved: as many as slots");
         h.save(entry(1, 100));
         h.save(entry(2, 300));
-        assert_eq!(HostCache::none().room(4), 0.0);
+        assert_eq!(
+            h.room(4, None, 2),
+            1_000.0 / 200.0 - 2.0,
+            "copies of slots' conversations take room"
+        );
+        assert_eq!(h.room(4, None, 9), 0.0);
+        assert_eq!(HostCache::none().room(4, None, 0), 0.0);
         let since = Instant::now() + Duration::from_secs(1);
-        assert_eq!(h.used_since(since), 0);
+        let no_slot = |_| false;
+        assert_eq!(h.used_since(since, no_slot), 0);
         h.save(HostEntry {
             last_used: since,
             ..entry(3, 100)
         });
-        assert_eq!(h.used_since(since), 1);
+        h.save(HostEntry {
+            last_used: since,
+            ..entry(4, 100)
+        });
+        assert_eq!(h.used_since(since, no_slot), 2);
+        assert_eq!(h.used_since(since, |l| l == 4), 1, "a slot counts its own");
+    }
+
+    #[test]
+    fn a_conversation_saved_whole_already_keeps_its_place() {
+        let mut h = HostCache::default();
+        h.save(entry(1, 100));
+        h.save(entry(2, 100));
+        // Copied again unchanged (an idle slot's copy): skipped, as llama-server skips a
+        // prompt its cache contains whole, so 1 stays the oldest.
+        h.save(entry(1, 100));
+        assert_eq!(h.place(1, None).map(|p| p.needed), Some(200));
+        // Grown by a turn: saved as the newest.
+        h.save(HostEntry {
+            depth: 5,
+            ..entry(1, 150)
+        });
+        assert_eq!(h.place(1, None).map(|p| p.needed), Some(150));
+        assert_eq!(h.len(), 2);
     }
 
     #[test]
@@ -567,49 +771,52 @@ mod tests {
         for l in 1..=5 {
             h.save(entry(l, 100));
         }
-        // Conversation 2 needed 400 tokens and came back cold: the cache holds fewer.
-        h.learn(h.place(2).unwrap().needed, Observed::Cold);
-        assert_eq!(h.capacity(), Capacity::Tokens(399));
-        assert!(!h.place(2).unwrap().warm);
-        assert!(h.place(3).unwrap().warm, "300 tokens deep still fits");
+        // Conversation 2 needed 400 tokens and came back cold: the cache holds fewer, and
+        // with nothing found warm yet, corral takes the middle of what is possible.
+        h.learn(h.place(2, None).unwrap().needed, Observed::Cold);
+        assert_eq!(h.capacity(), Capacity::Tokens(199));
+        assert!(!h.place(2, None).unwrap().warm);
+        assert!(!h.place(4, None).unwrap().warm, "200 tokens deep");
+        assert!(h.place(5, None).unwrap().warm, "100 tokens deep still fits");
         // Conversation 1, 500 deep, was warm after all, against one cold reply at 400:
         // each capacity misjudges one reply, and the largest (none) wins.
-        h.learn(h.place(1).unwrap().needed, Observed::Warm);
+        h.learn(h.place(1, None).unwrap().needed, Observed::Warm);
         assert_eq!(h.capacity(), Capacity::Unbounded);
-        assert!(h.place(2).unwrap().warm);
+        assert!(h.place(2, None).unwrap().warm);
         // An unknown verdict teaches nothing.
         h.learn(50, Observed::Unknown);
         assert_eq!(h.capacity(), Capacity::Unbounded);
         // More cold replies at 400 and 450 outweigh the one warm reply at 500.
         h.learn(400, Observed::Cold);
         h.learn(450, Observed::Cold);
-        assert_eq!(h.capacity(), Capacity::Tokens(399));
-        // Warm replies within, cold beyond: the boundary between them.
+        assert_eq!(h.capacity(), Capacity::Tokens(199));
+        // Warm replies within, cold beyond: the boundary lies between them.
         let mut h = HostCache::default();
         for (needed, warm) in [(100, true), (300, true), (700, false), (900, false)] {
             h.learn(needed, if warm { Observed::Warm } else { Observed::Cold });
         }
         assert_eq!(
             h.capacity(),
-            Capacity::Tokens(699),
-            "the largest that fits them all"
+            Capacity::Tokens(499),
+            "halfway between the deepest warm and the shallowest cold"
         );
-        // Room: three saved conversations of 100 tokens in a cache of 399: 99 more fit.
+        // Room: three saved conversations of 100 tokens in a cache of 199: one is kept
+        // warm, and 99 more fit.
         let mut room = HostCache::default();
         for l in 1..=3 {
             room.save(entry(l, 100));
         }
         assert!(
-            room.has_room(10_000, 4),
+            room.has_room(10_000, 4, None),
             "no limit shown: as many as the slots"
         );
-        assert!(!room.has_room(10, 3));
+        assert!(!room.has_room(10, 3, None));
         room.learn(400, Observed::Cold);
-        assert_eq!(room.capacity(), Capacity::Tokens(399));
-        assert!(room.has_room(99, 4) && !room.has_room(100, 4));
+        assert_eq!(room.capacity(), Capacity::Tokens(199));
+        assert!(room.has_room(99, 4, None) && !room.has_room(100, 4, None));
         // The old runner keeps nothing: no saved conversation is warm.
         let mut none = HostCache::none();
         none.save(entry(9, 10));
-        assert!(!none.place(9).unwrap().warm);
+        assert!(!none.place(9, None).unwrap().warm);
     }
 }
