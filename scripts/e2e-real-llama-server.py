@@ -3,6 +3,7 @@
 the OpenAI chat endpoint (opt-in; not part of CI). The sibling of scripts/e2e-real-ollama.py.
 
 Usage: scripts/e2e-real-llama-server.py [--llama-server PATH] [--model PATH] [--corral PATH]
+                                        [--cache-ram MIB] [--live 3,6]
 
 Starts two llama-servers on 127.0.0.1:21201 and :21202 (-np 2: two slots each; -t 1: one
 inference thread each; host prompt cache at its default) and corral in front of them
@@ -13,10 +14,12 @@ from llama.cpp's own `timings.prompt_n` (tokens served from cache: `timings.cach
 1. One conversation of four turns through corral: every follow-up must land on the node that
    holds its prefix (X-Fleet-Affinity hit) and evaluate few tokens.
 2. Control: the last turn sent straight to the other node, which must pay the whole prefill.
-3. More live conversations than the fleet has slots (3 and 6 on 4 slots), turns interleaved:
+3. More live conversations than the fleet has slots (--live: 3 and 6 on 4 slots), turns interleaved:
    tokens evaluated per follow-up through corral, and through a client-side hash of the
    conversation (each conversation always on one node) as the baseline; how often corral's
-   prediction (hit or host: warm) matched the node's `cache_n`.
+   prediction (hit or host: warm) matched the node's `cache_n`. With a small host prompt cache
+   (--cache-ram, in MiB; llama-server's default is 8192) and enough live conversations, the
+   caches cannot keep every conversation, and corral must learn how many they keep.
 """
 import argparse
 import json
@@ -192,7 +195,11 @@ def main():
     ap.add_argument("--model", default="/tmp/real-ollama/model.gguf")
     ap.add_argument("--corral", default=os.path.join(ROOT, "target/debug/corral"))
     ap.add_argument("--logs", default="/tmp/e2e-real-llama-server")
+    ap.add_argument("--cache-ram", type=int, help="each llama-server's host prompt cache, MiB")
+    ap.add_argument("--live", default="3,6",
+                    help="live conversations of the interleaved runs; the hash runs the largest")
     args = ap.parse_args()
+    lives = [int(n) for n in args.live.split(",")]
     os.makedirs(args.logs, exist_ok=True)
     procs = []
     try:
@@ -201,7 +208,8 @@ def main():
             log = open(os.path.join(args.logs, f"llama-{port}.log"), "w")
             procs.append(subprocess.Popen(
                 [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", port,
-                 "-np", "2", "-t", "1", "-c", "8192"],
+                 "-np", "2", "-t", "1", "-c", "8192"]
+                + (["--cache-ram", str(args.cache_ram)] if args.cache_ram is not None else []),
                 stdout=log, stderr=subprocess.STDOUT))
         for url in NODES:
             wait_until(f"{url} is healthy", lambda: get_json(f"{url}/health").get("status") == "ok")
@@ -215,7 +223,7 @@ def main():
             print(f"{n['name']}: kind {n['kind']}, slots shown {n['slots_shown']} "
                   f"(configured num_parallel {n['num_parallel']})")
         failures = one_conversation()
-        for n, policy in ((3, "corral"), (6, "corral"), (6, "hash")):
+        for n, policy in [(n, "corral") for n in lives] + [(max(lives), "hash")]:
             failures += interleaved(n, policy)
     finally:
         for p in procs:
