@@ -53,7 +53,8 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in args.kinds.split(","):
         for live in [int(n) * SLOTS for n in args.loads.split(",")]:
-            rows = {p: {"warm": [], "p50": [], "p90": [], "first": [], "mean": [], "moved": [], "agree": [0, 0], "wrong": {}}
+            rows = {p: {"warm": [], "p50": [], "p90": [], "first": [], "mean": [], "moved": [], "agree": [0, 0], "wrong": {},
+                        "early": 0}
                     for p in POLICIES}
             for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as out:
@@ -68,6 +69,7 @@ def main():
                         r["moved"].append(p["follow_ups_moved"])
                         r["agree"][0] += p["predictions_agreed"]
                         r["agree"][1] += p["predictions_checked"]
+                        r["early"] += p.get("wrong_before_a_limit_was_shown", 0)
                         for case, n in p.get("prediction_cases", {}).items():
                             claim, verdict = case.split("@")[0].split("->")
                             if (claim in ("hit", "host")) != (verdict == "warm"):
@@ -78,6 +80,8 @@ def main():
                 agree = (f"{r['agree'][0]}/{r['agree'][1]} ({100.0 * r['agree'][0] / r['agree'][1]:.0f}%)"
                          if r["agree"][1] else "")
                 wrong = ", ".join(f"{k} {v}" for k, v in sorted(r["wrong"].items()))
+                if wrong:
+                    wrong += f"; {r['early']} before any reply showed a limit"
                 print(f"| {kind} | {live // SLOTS}x | {p} | {cell(r['warm'], '{:.1f}')} | "
                       f"{cell(r['p50'], '{:.1f}')} | {cell(r['p90'], '{:.1f}')} | {cell(r['first'], '{:.1f}')} | "
                       f"{cell(r['mean'], '{:.1f}')} | {cell(r['moved'], '{:.0f}')} | {agree} | {wrong} |")

@@ -143,14 +143,16 @@ impl ModelView {
         let Some(state) = books.models.get(model) else {
             return ModelView::default();
         };
-        // A conversation pushed out of a slot into a host cache that keeps it is not lost.
-        // A conversation pushed out of a slot into a host cache with room for it is not
-        // lost; where the cache is full, it pushes the oldest saved one out instead.
-        // Where the cache holds a copy of every slot's conversation (llama-server copies
-        // idle slots), the displaced one stays there as it was.
+        // A conversation pushed out of a slot is not lost where the host cache keeps a copy
+        // of it (llama-server copies idle slots' conversations) or has room for it; where
+        // the cache is full, it pushes the oldest saved one out instead.
         let host = &state.warm.host;
+        let kept = |lineage| {
+            host.place(lineage, at.peer_capacity)
+                .is_some_and(|p| p.warm)
+        };
         let copies = (state.slots.iter())
-            .filter(|s| s.lineage != 0 && host.holds(s.lineage))
+            .filter(|s| s.lineage != 0 && kept(s.lineage))
             .count();
         let held = state.slots.iter().filter(|s| s.lineage != 0).count();
         let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);

@@ -404,11 +404,6 @@ impl HostCache {
             .count()
     }
 
-    /// Whether the cache holds a copy of this conversation.
-    pub fn holds(&self, lineage: u64) -> bool {
-        self.entries.iter().any(|e| e.lineage == lineage)
-    }
-
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -46,6 +46,8 @@ pub struct TurnRecord {
     pub reply_tokens: u32,
     pub ttft: Option<Duration>,
     pub total: Duration,
+    /// When it was sent, from the start of the run.
+    pub sent: Duration,
     pub error: Option<String>,
     /// corral's `X-Fleet-Affinity`.
     pub affinity: Option<String>,
@@ -84,6 +86,8 @@ struct RunCtx {
     client: reqwest::Client,
     turn_timeout: Duration,
     api: client::ChatApi,
+    /// When the run started.
+    started: Instant,
 }
 
 pub async fn run(
@@ -123,9 +127,10 @@ pub async fn run(
         client,
         turn_timeout: env.turn_timeout,
         api: env.api,
+        started: Instant::now(),
     });
 
-    let started = Instant::now();
+    let started = ctx.started;
     let gate = Arc::new(Semaphore::new(spec.concurrency));
     let sink: Arc<Mutex<Vec<TurnRecord>>> = Arc::default();
     let tasks: Vec<_> = conversations
@@ -222,6 +227,7 @@ async fn send_turn(
         reply_tokens: 0,
         ttft: None,
         total: Duration::ZERO,
+        sent: ctx.started.elapsed(),
         error: None,
         affinity: None,
     };

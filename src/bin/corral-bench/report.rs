@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
+use std::time::Duration;
 
 use corral::standin::ServedRequest;
 use serde::Serialize;
@@ -107,6 +108,9 @@ pub struct PolicyStats {
     /// The checked follow-ups by corral's claim, the node's verdict and the turn, e.g.
     /// `host->cold@t1`: which predictions are wrong, and when.
     pub prediction_cases: HashMap<String, usize>,
+    /// Wrong predictions made before any reply had shown a host cache's limit (a follow-up
+    /// called `host` and found cold): what no learning from replies could have avoided.
+    pub wrong_before_a_limit_was_shown: usize,
     /// Every follow-up TTFT, sorted, for the CDF plot.
     pub ttft_follow_up_samples_ms: Vec<f64>,
 }
@@ -172,6 +176,7 @@ pub fn stats(run: &Run) -> PolicyStats {
         follow_up_affinity,
         predictions_checked: by_log.checked,
         predictions_agreed: by_log.agreed,
+        wrong_before_a_limit_was_shown: by_log.wrong_before_a_limit_was_shown(),
         prediction_cases: by_log.cases,
         ttft_follow_up_samples_ms: follow_up_samples,
     }
@@ -217,6 +222,16 @@ struct LogWarmth {
     checked: usize,
     agreed: usize,
     cases: HashMap<String, usize>,
+    /// Each checked follow-up: sent, answered, called `host`, predicted warm, found warm.
+    verdicts: Vec<Verdict>,
+}
+
+struct Verdict {
+    sent: Duration,
+    answered: Duration,
+    host: bool,
+    predicted_warm: bool,
+    warm: bool,
 }
 
 /// Finds each successful turn in its node's log by its prompt size, and takes the cached
@@ -270,6 +285,16 @@ fn warm_from_logs(run: &Run, ok: &[&TurnRecord]) -> (LogWarmth, usize, usize) {
 }
 
 impl LogWarmth {
+    fn wrong_before_a_limit_was_shown(&self) -> usize {
+        let shown = (self.verdicts.iter())
+            .filter(|v| v.host && !v.warm)
+            .map(|v| v.answered)
+            .min();
+        (self.verdicts.iter())
+            .filter(|v| v.predicted_warm != v.warm && shown.is_none_or(|at| v.sent < at))
+            .count()
+    }
+
     fn add(&mut self, r: &TurnRecord, cached: u32) {
         let share = if r.follow_up() {
             &mut self.follow_up
@@ -282,6 +307,13 @@ impl LogWarmth {
             let warm = cached >= 16 && cached * 4 >= r.prompt_tokens;
             self.checked += 1;
             self.agreed += usize::from(predicted_warm == warm);
+            self.verdicts.push(Verdict {
+                sent: r.sent,
+                answered: r.sent + r.total,
+                host: affinity == "host",
+                predicted_warm,
+                warm,
+            });
             let verdict = if warm { "warm" } else { "cold" };
             *self
                 .cases
