@@ -73,15 +73,20 @@ impl Upstream {
 
     /// Sends the request and reads the reply's header. A pooled connection that the node
     /// closed meanwhile fails on the write or on the first read: that gets one more try on
-    /// a fresh connection to the same node, and does not count against the node.
+    /// a fresh connection to the same node, and does not count against the node. `request`
+    /// is the client's request as the node should see it; `again` makes it anew from the
+    /// client's for that second try (Pingora's session takes the header it writes, and
+    /// making it again only when needed spares a copy per request).
     pub async fn exchange(
         &self,
         session: &mut Session,
         peer: &HttpPeer,
-        request: &RequestHeader,
+        request: RequestHeader,
+        again: impl Fn(&RequestHeader) -> Result<RequestHeader>,
         body: &[u8],
         first_byte: Duration,
     ) -> Wait<Result<HttpSession>> {
+        let mut request = Some(request);
         let mut fresh = false;
         loop {
             let (stream, reused) = match self.stream(peer, fresh).await {
@@ -89,7 +94,14 @@ impl Upstream {
                 Err(e) => return Wait::Done(Err(e)),
             };
             let mut upstream = HttpSession::new_with_options(stream, peer);
-            if let Err(e) = write_request(&mut upstream, request, body).await {
+            let header = match request
+                .take()
+                .map_or_else(|| again(session.req_header()), Ok)
+            {
+                Ok(header) => header,
+                Err(e) => return Wait::Done(Err(e)),
+            };
+            if let Err(e) = write_request(&mut upstream, header, body).await {
                 if reused {
                     fresh = true;
                     continue;
@@ -121,7 +133,7 @@ impl Upstream {
     ) -> Result<(u16, Bytes)> {
         let (stream, _reused) = self.stream(peer, false).await?;
         let mut upstream = HttpSession::new_with_options(stream, peer);
-        write_request(&mut upstream, request, body).await?;
+        write_request(&mut upstream, request.clone(), body).await?;
         let timed_out =
             |what: &str| Error::explain(ErrorType::ReadTimedout, format!("no {what} in time"));
         tokio::time::timeout(timeouts.first_byte, upstream.read_response())
@@ -356,12 +368,10 @@ impl ReplyKind {
 
 async fn write_request(
     upstream: &mut HttpSession,
-    request: &RequestHeader,
+    request: RequestHeader,
     body: &[u8],
 ) -> Result<()> {
-    upstream
-        .write_request_header(Box::new(request.clone()))
-        .await?;
+    upstream.write_request_header(Box::new(request)).await?;
     if !body.is_empty() {
         upstream.write_body(body).await?;
     }
