@@ -35,37 +35,12 @@ BASE_BENCH=${BASE_BENCH:-}
 OTHERS=${OTHERS:-}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/corral-cpu.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+source scripts/bench-common.sh
 
 for tool in wrk taskset; do
     command -v $tool >/dev/null || { echo "bench-cpu: needs $tool (apt-get install wrk util-linux)" >&2; exit 1; }
 done
 [[ -x $BENCH && -x $CORRAL ]] || { echo "bench-cpu: build first: cargo build --release --bins" >&2; exit 1; }
-
-# Starts a server pinned to a CPU; LAST_PID is the server itself (the subshell execs taskset,
-# which execs the server).
-start_on_cpu() {
-    local cpu=$1
-    shift
-    (exec taskset -c "$cpu" "$@" >/dev/null) &
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-
-wait_port() {
-    for _ in $(seq 1 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-        sleep 0.05
-    done
-    echo "bench-cpu: nothing listens on port $1" >&2
-    exit 1
-}
 
 # Nanoseconds of CPU the process has used, all threads, user and system (fields 14 and 15 of
 # /proc/<pid>/stat, counted after the command name, which may hold spaces).
@@ -77,34 +52,10 @@ cpu_ns() {
     echo $(((f[11] + f[12]) * TICK_NS))
 }
 
-PORTS=()
-OTHER_COUNT=$(wc -w <<<"$OTHERS")
-while ((${#PORTS[@]} < 5 + OTHER_COUNT)); do
-    p=$($BENCH free-port)
-    [[ " ${PORTS[*]} " == *" $p "* ]] || PORTS+=("$p")
-done
+free_ports $((5 + $(wc -w <<<"$OTHERS")))
+write_scenarios
 
-$BENCH make-body --bytes 1024 >"$WORK/1k.json"
-$BENCH make-body --bytes 131072 >"$WORK/128k.json"
-$BENCH make-body --bytes 1024 --stream >"$WORK/stream.json"
-for scenario in 1k 128k stream; do
-    cat >"$WORK/$scenario.lua" <<EOF
-local f = assert(io.open("$WORK/$scenario.json", "rb"))
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/json"
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("RESULT %d %.2f %d\n", summary.requests,
-    summary.requests / (summary.duration / 1e6),
-    e.connect + e.read + e.write + e.status + e.timeout))
-end
-EOF
-done
-
-start_on_cpu 1 "$BENCH" backend --listen "127.0.0.1:${PORTS[0]}" --threads 1 --chunks 16
-wait_port "${PORTS[0]}"
+start_backend 1 "${PORTS[0]}"
 declare -A PID URL
 RUST_LOG=warn start_on_cpu 0 "$BENCH" bare-pingora --listen "127.0.0.1:${PORTS[1]}" \
     --upstream "127.0.0.1:${PORTS[0]}" --threads 1
@@ -120,26 +71,7 @@ fi
 # start_corral NAME BINARY PORT
 start_corral() {
     local name=$1 binary=$2 port=$3
-    cat >"$WORK/$name.yaml" <<EOF
-version: 1
-threads: 1
-grace_period_seconds: 0
-graceful_shutdown_timeout_seconds: 1
-pid_file: $WORK/$name.pid
-upgrade_sock: $WORK/$name.sock
-listen: 127.0.0.1:$port
-metrics_listen: null
-admin_listen: null
-poll:
-  interval: 1s
-health:
-  interval: 1s
-nodes:
-  - name: backend
-    url: http://127.0.0.1:${PORTS[0]}
-    memory_gb: 24
-    num_parallel: 64
-EOF
+    corral_config "$WORK/$name.yaml" "$name" "$port" "${PORTS[0]}" 1
     RUST_LOG=warn start_on_cpu 0 "$binary" -c "$WORK/$name.yaml"
     PID[$name]=$LAST_PID URL[$name]="http://127.0.0.1:$port"
     TARGETS+=("$name")
@@ -153,11 +85,7 @@ for other in $OTHERS; do
 done
 for t in "${TARGETS[@]}"; do wait_port "${URL[$t]##*:}"; done
 sleep 2 # two polls: corral has seen the backend's model
-for t in "${TARGETS[@]}"; do
-    code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
-        --data-binary "@$WORK/1k.json" "${URL[$t]}/api/chat")
-    [[ $code == 200 ]] || { echo "bench-cpu: $t answered $code to a chat" >&2; exit 1; }
-done
+for t in "${TARGETS[@]}"; do check_chat "$t" "${URL[$t]}"; done
 
 CSV="$OUT/cpu.csv"
 echo "scenario,target,round,requests,rps,errors,cpu_ms,us_per_request" >"$CSV"
@@ -171,7 +99,7 @@ for round in $(seq 1 "$ROUNDS"); do
             line=$(taskset -c 1 wrk -t1 -c"$CONNS" -d"${DURATION}s" --timeout 10s \
                 -s "$WORK/$scenario.lua" "${URL[$t]}/api/chat" | grep '^RESULT')
             after=$(cpu_ns "${PID[$t]}")
-            read -r _ requests rps errors <<<"$line"
+            read -r _ requests rps _ _ _ errors <<<"$line"
             awk -v s="$scenario" -v t="$t" -v r="$round" -v n="$requests" -v rps="$rps" \
                 -v e="$errors" -v ns=$((after - before)) 'BEGIN {
                 printf "%s,%s,%s,%d,%.0f,%d,%.1f,%.2f\n", s, t, r, n, rps, e, ns / 1e6, ns / 1e3 / n }' |

@@ -36,18 +36,7 @@ mkdir -p "$OUT" "$(dirname "$PLOT")"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d /tmp/corral-overhead.XXXXXX)
 chmod 755 "$WORK" # nginx's worker runs as an unprivileged user
-PIDS=()
-
-cleanup() {
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+source scripts/bench-common.sh
 
 # --- tools, from the package registries ----------------------------------------------------
 need_apt=()
@@ -68,68 +57,9 @@ BENCH=${BENCH:-target/release/corral-bench}
 CORRAL=${CORRAL:-target/release/corral}
 [[ -x $BENCH && -x $CORRAL ]] || { echo "build corral first: cargo build --release --bins" >&2; exit 1; }
 
-# Pins a command to a CPU where there is more than one.
-on_cpu() {
-    local cpu=$1
-    shift
-    if (($(nproc) > 1)); then taskset -c "$cpu" "$@"; else "$@"; fi
-}
-
-# Starts a server in the background, pinned, and remembers its PID for the cleanup. The
-# subshell execs taskset, which execs the server: $! is the server itself. Sets LAST_PID.
-start_on_cpu() {
-    local cpu=$1
-    shift
-    if (($(nproc) > 1)); then
-        (exec taskset -c "$cpu" "$@" >/dev/null) &
-    else
-        (exec "$@" >/dev/null) &
-    fi
-    LAST_PID=$!
-    PIDS+=("$LAST_PID")
-}
-
-wait_port() {
-    local port=$1
-    for _ in $(seq 1 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
-        sleep 0.05
-    done
-    echo "nothing listens on port $port" >&2
-    exit 1
-}
-
-# Four distinct free loopback ports.
-PORTS=()
-while ((${#PORTS[@]} < 4)); do
-    p=$($BENCH free-port)
-    [[ " ${PORTS[*]} " == *" $p "* ]] || PORTS+=("$p")
-done
+free_ports 4
 BACKEND_PORT=${PORTS[0]} NGINX_PORT=${PORTS[1]} PINGORA_PORT=${PORTS[2]} CORRAL_PORT=${PORTS[3]}
-
-# --- bodies and wrk scripts ----------------------------------------------------------------
-$BENCH make-body --bytes 1024 >"$WORK/1k.json"
-$BENCH make-body --bytes 131072 >"$WORK/128k.json"
-$BENCH make-body --bytes 1024 --stream >"$WORK/stream.json"
-
-# One Lua script per body: POST it, and print the figures in a line that is easy to parse.
-for scenario in 1k 128k stream; do
-    cat >"$WORK/$scenario.lua" <<EOF
-local f = assert(io.open("$WORK/$scenario.json", "rb"))
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/json"
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("RESULT %.2f %.4f %.4f %.4f %d\n",
-    summary.requests / (summary.duration / 1e6),
-    latency:percentile(50) / 1000, latency:percentile(90) / 1000,
-    latency:percentile(99) / 1000,
-    e.connect + e.read + e.write + e.status + e.timeout))
-end
-EOF
-done
+write_scenarios
 
 # start_proxies THREADS: nginx, bare Pingora and corral, each with THREADS workers.
 PROXY_PIDS=()
@@ -176,28 +106,7 @@ EOF
     RUST_LOG=warn start_on_cpu "$cpu" $BENCH bare-pingora --listen "127.0.0.1:$PINGORA_PORT" \
         --upstream "127.0.0.1:$BACKEND_PORT" --threads "$threads"
     PROXY_PIDS+=("$LAST_PID")
-    cat >"$WORK/corral.yaml" <<EOF
-version: 1
-threads: $threads
-grace_period_seconds: 0
-graceful_shutdown_timeout_seconds: 1
-pid_file: /tmp/corral-overhead-$CORRAL_PORT.pid
-upgrade_sock: /tmp/corral-overhead-$CORRAL_PORT.sock
-listen: 127.0.0.1:$CORRAL_PORT
-metrics_listen: null
-admin_listen: null
-poll:
-  interval: 1s
-health:
-  interval: 1s
-nodes:
-  - name: backend
-    url: http://127.0.0.1:$BACKEND_PORT
-    memory_gb: 24
-    # The in-memory backend has no slots to wait for: let corral send it every request at
-    # once, as nginx does, instead of queueing past Ollama's usual 4 in flight.
-    num_parallel: 64
-EOF
+    corral_config "$WORK/corral.yaml" corral "$CORRAL_PORT" "$BACKEND_PORT" "$threads"
     RUST_LOG=warn start_on_cpu "$cpu" $CORRAL -c "$WORK/corral.yaml"
     PROXY_PIDS+=("$LAST_PID")
     wait_port "$NGINX_PORT"
@@ -205,11 +114,7 @@ EOF
     wait_port "$CORRAL_PORT"
     sleep 2 # two polls: corral has seen the backend's model
     # Every target must answer a chat before anything is measured.
-    for t in "${TARGETS[@]}"; do
-        code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
-            --data-binary "@$WORK/1k.json" "${URL[$t]}/api/chat")
-        [[ $code == 200 ]] || { echo "$t answered $code to a chat" >&2; exit 1; }
-    done
+    for t in "${TARGETS[@]}"; do check_chat "$t" "${URL[$t]}"; done
 }
 
 stop_proxies() {
@@ -218,8 +123,7 @@ stop_proxies() {
 }
 
 # --- servers -------------------------------------------------------------------------------
-start_on_cpu 1 $BENCH backend --listen "127.0.0.1:$BACKEND_PORT" --threads 1 --chunks 16
-wait_port "$BACKEND_PORT"
+start_backend 1 "$BACKEND_PORT"
 
 declare -A URL=(
     [direct]="http://127.0.0.1:$BACKEND_PORT"
@@ -239,7 +143,7 @@ wrk_run() {
     local line
     line=$(on_cpu 1 wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s -s "$WORK/$scenario.lua" \
         "${URL[$target]}/api/chat" | grep '^RESULT') || { echo "wrk failed on $target" >&2; exit 1; }
-    read -r _ rps p50 p90 p99 errors <<<"$line"
+    read -r _ _ rps p50 p90 p99 errors <<<"$line"
     echo "$kind,$scenario,$target,$threads,$round,$rps,$p50,$p90,$p99,$errors" | tee -a "$CSV"
 }
 

@@ -12,8 +12,9 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
+use parking_lot::Mutex;
 use pingora_core::{Error, ErrorType};
-use pingora_http::ResponseHeader;
+use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_load_balancing::Backend;
 use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 
@@ -26,6 +27,10 @@ pub struct Checker {
     /// Connect, send and read the reply's head within this.
     timeout: Duration,
     interval: Duration,
+    /// Probes between rounds, kept for their connector: making one loads the system's root
+    /// certificates (a few hundred files), which every check paid before. Each check sets
+    /// all that is its node's (request, peer, validator) on the probe it takes.
+    spare: Mutex<Vec<HttpHealthCheck>>,
 }
 
 impl Checker {
@@ -35,6 +40,7 @@ impl Checker {
             rules,
             timeout,
             interval,
+            spare: Mutex::new(Vec::new()),
         }
     }
 
@@ -48,7 +54,15 @@ impl Checker {
         let (Some(resolved), Some(peer)) = (node.resolved(), node.peer(self.timeout)) else {
             return;
         };
-        let mut probe = HttpHealthCheck::new(&node.host_header(), peer.is_tls());
+        let host = node.host_header();
+        let spare = self.spare.lock().pop();
+        let mut probe = match (spare, request(&host)) {
+            (Some(mut probe), Ok(req)) => {
+                probe.req = req;
+                probe
+            }
+            _ => HttpHealthCheck::new(&host, peer.is_tls()),
+        };
         // The node's own peer: its SNI, its roots (`ca_file`) and the connect timeout.
         probe.peer_template = peer;
         probe.peer_template.options.read_timeout = Some(self.timeout);
@@ -60,6 +74,7 @@ impl Checker {
                 .unwrap_or_else(|_| Error::e_explain(ErrorType::ReadTimedout, "no answer in time")),
             Err(e) => Err(e),
         };
+        self.spare.lock().push(probe);
         let evidence = match verdict {
             Ok(()) => Evidence::CheckPassed,
             Err(e) => {
@@ -69,6 +84,13 @@ impl Checker {
         };
         self.fleet.learn(node, evidence, &self.rules);
     }
+}
+
+/// The request of [`HttpHealthCheck::new`]: `GET /` with the node's `Host`.
+fn request(host: &str) -> pingora_core::Result<RequestHeader> {
+    let mut req = RequestHeader::build("GET", b"/", None)?;
+    req.append_header("Host", host)?;
+    Ok(req)
 }
 
 /// Any answer below 500 shows a live server; a 5xx does not.
@@ -102,6 +124,14 @@ impl BackgroundService for Checker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kept_probe_sends_the_request_of_a_new_one() {
+        let made = HttpHealthCheck::new("gpu.lan:11434", false).req;
+        let ours = request("gpu.lan:11434").unwrap();
+        let wire = pingora_core::protocols::http::v1::client::http_req_header_to_wire;
+        assert_eq!(wire(&ours), wire(&made));
+    }
 
     #[test]
     fn any_answer_below_500_is_alive() {

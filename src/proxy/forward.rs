@@ -271,18 +271,18 @@ impl Forwarder {
         // A client key is corral's credential, not the node's (`Authorization`, or
         // Anthropic's `x-api-key`).
         let strip_auth = !attempt.config.api_keys.is_empty();
-        let request =
-            match relay::upstream_request(session.req_header(), node, body.len(), strip_auth) {
-                Ok(request) => request,
-                Err(e) => return Ok(Err(e)),
-            };
+        let rewrite = |client: &_| relay::upstream_request(client, node, body.len(), strip_auth);
+        let request = match rewrite(session.req_header()) {
+            Ok(request) => request,
+            Err(e) => return Ok(Err(e)),
+        };
         let started = Instant::now();
         attempt
             .router
             .commit(&mut dispatch, attempt.profile, attempt.decision);
         let header = self
             .upstream
-            .exchange(session, &peer, &request, body, timeouts.first_byte)
+            .exchange(session, &peer, request, rewrite, body, timeouts.first_byte)
             .await;
         let error = match header {
             Wait::Done(Ok(upstream)) => {

@@ -56,7 +56,11 @@ pub fn upstream_request(
     strip_auth: bool,
 ) -> Result<RequestHeader> {
     let path = client.uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut request = RequestHeader::build(
+    // Without a map of the names' case: every name below is an `http::HeaderName`, which
+    // Pingora would enter in that map as its own title case ("Content-Type") or lower case,
+    // and that is how it writes names that have no map. So the node reads the same bytes,
+    // and no second map is built and filled per request.
+    let mut request = RequestHeader::build_no_case(
         client.method.clone(),
         path.as_bytes(),
         Some(client.headers.len()),
@@ -186,6 +190,30 @@ mod tests {
         assert_eq!(up.headers["host"], "10.0.0.2:11434");
         assert_eq!(up.uri.path_and_query().unwrap().as_str(), "/api/chat?x=1");
         assert_eq!(up.method, http::Method::POST);
+    }
+
+    #[test]
+    fn the_node_reads_the_names_in_title_case_where_pingora_knows_one_else_lower_case() {
+        let req = client(&[
+            ("content-type", "application/json"),
+            ("User-Agent", "ollama-rs"),
+            ("X-Custom-Thing", "1"),
+            ("Accept", "*/*"),
+            ("accept", "text/plain"),
+        ]);
+        let up = upstream_request(&req, "10.0.0.2:11434", 42, false).unwrap();
+        let wire = pingora_core::protocols::http::v1::client::http_req_header_to_wire(&up).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&wire).unwrap(),
+            "POST /api/chat?x=1 HTTP/1.1\r\n\
+             Content-Type: application/json\r\n\
+             user-agent: ollama-rs\r\n\
+             x-custom-thing: 1\r\n\
+             accept: */*\r\n\
+             accept: text/plain\r\n\
+             Host: 10.0.0.2:11434\r\n\
+             Content-Length: 42\r\n\r\n"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use pingora_core::connectors::TransportConnector;
+use pingora_core::protocols::Stream;
 use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_core::{Error, ErrorType, Result};
@@ -72,38 +73,44 @@ impl Upstream {
 
     /// Sends the request and reads the reply's header. A pooled connection that the node
     /// closed meanwhile fails on the write or on the first read: that gets one more try on
-    /// a fresh connection to the same node, and does not count against the node.
+    /// a fresh connection to the same node, and does not count against the node. `request`
+    /// is the client's request as the node should see it; `again` makes it anew from the
+    /// client's for that second try (Pingora's session takes the header it writes, and
+    /// making it again only when needed spares a copy per request).
     pub async fn exchange(
         &self,
         session: &mut Session,
         peer: &HttpPeer,
-        request: &RequestHeader,
+        request: RequestHeader,
+        again: impl Fn(&RequestHeader) -> Result<RequestHeader>,
         body: &[u8],
         first_byte: Duration,
     ) -> Wait<Result<HttpSession>> {
+        let mut request = Some(request);
         let mut fresh = false;
         loop {
-            let (stream, reused) = if fresh {
-                (self.transport.new_stream(peer).await, false)
-            } else {
-                match self.transport.get_stream(peer).await {
-                    Ok((stream, reused)) => (Ok(stream), reused),
-                    Err(e) => (Err(e), false),
-                }
-            };
-            let stream = match stream {
+            let (stream, reused) = match self.stream(peer, fresh).await {
                 Ok(stream) => stream,
                 Err(e) => return Wait::Done(Err(e)),
             };
             let mut upstream = HttpSession::new_with_options(stream, peer);
-            if let Err(e) = write_request(&mut upstream, request, body).await {
+            let header = match request
+                .take()
+                .map_or_else(|| again(session.req_header()), Ok)
+            {
+                Ok(header) => header,
+                Err(e) => return Wait::Done(Err(e)),
+            };
+            if let Err(e) = write_request(&mut upstream, header, body).await {
                 if reused {
                     fresh = true;
                     continue;
                 }
                 return Wait::Done(Err(e));
             }
-            match race(session, first_byte, upstream.read_resp_header_parts()).await {
+            // `read_response`, not `read_resp_header_parts`: that returns a copy of the header
+            // the session keeps, which `answer` reads in place.
+            match race(session, first_byte, upstream.read_response()).await {
                 Wait::Done(Ok(_)) => return Wait::Done(Ok(upstream)),
                 Wait::Done(Err(_)) if reused => fresh = true,
                 Wait::Done(Err(e)) => return Wait::Done(Err(e)),
@@ -124,12 +131,12 @@ impl Upstream {
         timeouts: &Timeouts,
         max_reply: usize,
     ) -> Result<(u16, Bytes)> {
-        let (stream, _reused) = self.transport.get_stream(peer).await?;
+        let (stream, _reused) = self.stream(peer, false).await?;
         let mut upstream = HttpSession::new_with_options(stream, peer);
-        write_request(&mut upstream, request, body).await?;
+        write_request(&mut upstream, request.clone(), body).await?;
         let timed_out =
             |what: &str| Error::explain(ErrorType::ReadTimedout, format!("no {what} in time"));
-        tokio::time::timeout(timeouts.first_byte, upstream.read_resp_header_parts())
+        tokio::time::timeout(timeouts.first_byte, upstream.read_response())
             .await
             .map_err(|_| timed_out("reply"))??;
         let status = upstream.resp_header().map_or(0, |h| h.status.as_u16());
@@ -145,6 +152,19 @@ impl Upstream {
         }
         self.release(upstream, peer).await;
         Ok((status, reply.into()))
+    }
+
+    /// A connection to the node: a pooled one unless `fresh`, else a new one; and whether it
+    /// was pooled. What `TransportConnector::get_stream` does, but with the future that
+    /// connects (a TLS handshake's state, about 8 KiB) boxed: it is only needed when no
+    /// pooled connection is left, and held inline it made every future that awaits a
+    /// request's reply that much larger, each of them copied when it is made (issue 13).
+    async fn stream(&self, peer: &HttpPeer, fresh: bool) -> Result<(Stream, bool)> {
+        if !fresh && let Some(stream) = self.transport.reused_stream(peer).await {
+            return Ok((stream, true));
+        }
+        let stream = Box::pin(self.transport.new_stream(peer)).await?;
+        Ok((stream, false))
     }
 
     /// Returns the connection to the pool when its reply was read to the end and the node
@@ -348,12 +368,10 @@ impl ReplyKind {
 
 async fn write_request(
     upstream: &mut HttpSession,
-    request: &RequestHeader,
+    request: RequestHeader,
     body: &[u8],
 ) -> Result<()> {
-    upstream
-        .write_request_header(Box::new(request.clone()))
-        .await?;
+    upstream.write_request_header(Box::new(request)).await?;
     if !body.is_empty() {
         upstream.write_body(body).await?;
     }

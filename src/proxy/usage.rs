@@ -33,7 +33,7 @@ pub struct TokenUsage {
 pub fn find(tail: &[u8]) -> Option<TokenUsage> {
     objects_from_the_end(tail)
         .take(LOOK_BACK)
-        .find_map(|l| sparse_object(l).ok().and_then(|v| of(&v)))
+        .find_map(|l| sparse_object(l).ok().and_then(|m| m.usage()))
 }
 
 /// [`find`] past the last object, which the caller has read already (as [`LastObject`]).
@@ -41,7 +41,7 @@ pub fn find_before_last(tail: &[u8]) -> Option<TokenUsage> {
     objects_from_the_end(tail)
         .skip(1)
         .take(LOOK_BACK - 1)
-        .find_map(|l| sparse_object(l).ok().and_then(|v| of(&v)))
+        .find_map(|l| sparse_object(l).ok().and_then(|m| m.usage()))
 }
 
 /// The lines of a tail that hold a JSON object, last first: the same lines, in reverse, as
@@ -79,26 +79,17 @@ pub fn final_figures(tail: &Tail, with_usage: bool) -> (Option<ReplyStats>, Opti
 /// A reply's last object, parsed once for both its usage and its statistics: parsing it
 /// twice (here and as [`ReplyStats`]) was about 4% of corral's CPU per request at 1 KiB
 /// (issue 13).
-pub struct LastObject {
-    members: Value,
-    /// A member that [`READ_KEYS`] names came twice (the last one is kept).
-    repeated: bool,
-}
+pub struct LastObject(Members);
 
 impl LastObject {
     /// `None` where [`find`] would skip the object: it does not parse.
     pub fn parse(text: &[u8]) -> Option<LastObject> {
-        serde_json::from_slice::<Sparse>(text)
-            .ok()
-            .map(|sparse| LastObject {
-                members: sparse.members,
-                repeated: sparse.repeated,
-            })
+        sparse_object(text).ok().map(LastObject)
     }
 
     /// The usage the object reports, as [`find`] reads it.
     pub fn usage(&self) -> Option<TokenUsage> {
-        of(&self.members)
+        self.0.usage()
     }
 
     /// The statistics, exactly as `ReplyStats::parse` reads the same text, where this parse
@@ -107,17 +98,36 @@ impl LastObject {
     /// tracked: those objects, from OpenAI-style and llama.cpp nodes, are left to the typed
     /// parse). `None` when it cannot tell.
     pub fn stats(&self) -> Option<Option<ReplyStats>> {
-        let nested = ["usage", "timings"]
+        let members = &self.0;
+        let nested = [USAGE, TIMINGS]
             .iter()
-            .any(|k| self.members.get(k).is_some_and(|v| !v.is_null()));
-        if self.repeated || nested {
+            .any(|k| members.get(*k).is_some_and(|v| !v.is_null()));
+        if members.repeated || nested {
             return None;
         }
-        Some(ReplyStats::deserialize(&self.members).ok())
+        // What deserializing `ReplyStats` from these members as a `Value` object gives: each
+        // count absent or null is `None`, a whole number that fits a u64 is itself, anything
+        // else fails the whole (`usage` and `timings` are null or absent here).
+        let count = |at: usize| match members.get(at) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or(()),
+        };
+        let stats = || -> Result<ReplyStats, ()> {
+            Ok(ReplyStats {
+                load_duration: count(LOAD_DURATION)?,
+                prompt_eval_count: count(PROMPT_EVAL_COUNT)?,
+                prompt_eval_duration: count(PROMPT_EVAL_DURATION)?,
+                eval_count: count(EVAL_COUNT)?,
+                eval_duration: count(EVAL_DURATION)?,
+                usage: None,
+                timings: None,
+            })
+        };
+        Some(stats().ok())
     }
 }
 
-/// The members of a reply object that [`of`] reads.
+/// The members of a reply object that [`of`] reads, and their places in [`Members`].
 const READ_KEYS: [&str; 8] = [
     "usage",
     "response",
@@ -129,56 +139,79 @@ const READ_KEYS: [&str; 8] = [
     "prompt_eval_duration",
     "eval_duration",
 ];
+const USAGE: usize = 0;
+const RESPONSE: usize = 1;
+const TIMINGS: usize = 2;
+const PROMPT_EVAL_COUNT: usize = 3;
+const EVAL_COUNT: usize = 4;
+const LOAD_DURATION: usize = 5;
+const PROMPT_EVAL_DURATION: usize = 6;
+const EVAL_DURATION: usize = 7;
 
 /// Parses a JSON object as `serde_json::from_slice::<Value>` does (the same texts accepted,
 /// the same refused, a repeated member's last value kept), but builds only the members that
 /// [`of`] reads: the others (a reply's text, a Responses event's output...) are checked and
 /// dropped. A final chunk is parsed once per reply, and building all of it was the costly
 /// part.
-fn sparse_object(text: &[u8]) -> serde_json::Result<Value> {
-    serde_json::from_slice::<Sparse>(text).map(|sparse| sparse.members)
+fn sparse_object(text: &[u8]) -> serde_json::Result<Members> {
+    serde_json::from_slice::<Members>(text)
 }
 
-struct Sparse {
-    members: Value,
+/// The members of an object that [`READ_KEYS`] names, each in its place there: a fixed
+/// array rather than a map, so that parsing a reply's last object allocates no key and
+/// reading a member compares no string (issue 13).
+struct Members {
+    values: [Option<Value>; READ_KEYS.len()],
+    /// A member that [`READ_KEYS`] names came twice (the last one is kept, as a `Value` keeps
+    /// it).
     repeated: bool,
 }
 
-impl<'de> Deserialize<'de> for Sparse {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Sparse, D::Error> {
-        struct Members;
-        impl<'de> Visitor<'de> for Members {
-            type Value = Sparse;
+impl Members {
+    fn get(&self, at: usize) -> Option<&Value> {
+        self.values[at].as_ref()
+    }
+
+    /// The usage the object reports, as [`of`] reads it from the whole object.
+    fn usage(&self) -> Option<TokenUsage> {
+        usage_of(|at| self.get(at))
+    }
+}
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Members, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Members;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Sparse, A::Error> {
-                let mut kept = serde_json::Map::new();
-                let mut repeated = false;
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members, A::Error> {
+                let mut members = Members {
+                    values: Default::default(),
+                    repeated: false,
+                };
                 while let Some(key) = map.next_key::<Key>()? {
                     match key.0 {
-                        Some(name) => {
+                        Some(at) => {
                             let value = map.next_value::<Value>()?;
-                            repeated |= kept.insert(name.to_string(), value).is_some();
+                            members.repeated |= members.values[at].replace(value).is_some();
                         }
                         None => {
                             map.next_value::<Checked>()?;
                         }
                     }
                 }
-                Ok(Sparse {
-                    members: Value::Object(kept),
-                    repeated,
-                })
+                Ok(members)
             }
         }
-        de.deserialize_any(Members)
+        de.deserialize_any(Object)
     }
 }
 
-/// An object key: which of [`READ_KEYS`] it is, if any. Read without allocating, checked as
-/// a `String` key is.
-struct Key(Option<&'static str>);
+/// An object key: the place in [`READ_KEYS`] of the key it is, if any. Read without
+/// allocating, checked as a `String` key is.
+struct Key(Option<usize>);
 
 impl<'de> Deserialize<'de> for Key {
     fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Key, D::Error> {
@@ -189,7 +222,7 @@ impl<'de> Deserialize<'de> for Key {
                 f.write_str("a string key")
             }
             fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
-                Ok(Key(READ_KEYS.iter().copied().find(|k| *k == key)))
+                Ok(Key(READ_KEYS.iter().position(|k| *k == key)))
             }
         }
         de.deserialize_str(Name)
@@ -237,7 +270,7 @@ impl<'de> Deserialize<'de> for Checked {
                 Ok(Checked)
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
-                while map.next_entry::<Key, Checked>()?.is_some() {}
+                while map.next_entry::<Checked, Checked>()?.is_some() {}
                 Ok(Checked)
             }
         }
@@ -246,14 +279,17 @@ impl<'de> Deserialize<'de> for Checked {
 }
 
 /// The usage one JSON object reports, if it reports any.
+#[cfg(test)]
 pub fn of(v: &Value) -> Option<TokenUsage> {
+    usage_of(|at| v.get(READ_KEYS[at]))
+}
+
+/// [`of`] the object whose member named `READ_KEYS[at]` is `member(at)`.
+fn usage_of<'v>(member: impl Fn(usize) -> Option<&'v Value>) -> Option<TokenUsage> {
     let count = |v: &Value, key: &str| v.get(key).and_then(Value::as_u64);
-    for usage in [
-        v.get("usage"),
-        v.get("response").and_then(|r| r.get("usage")),
-    ]
-    .into_iter()
-    .flatten()
+    for usage in [member(USAGE), member(RESPONSE).and_then(|r| r.get("usage"))]
+        .into_iter()
+        .flatten()
     {
         if let Some(prompt) = count(usage, "prompt_tokens") {
             let cached = usage
@@ -280,7 +316,7 @@ pub fn of(v: &Value) -> Option<TokenUsage> {
             });
         }
     }
-    if let Some(timings) = v.get("timings")
+    if let Some(timings) = member(TIMINGS)
         && let Some(evaluated) = count(timings, "prompt_n")
     {
         let cached = count(timings, "cache_n");
@@ -290,11 +326,11 @@ pub fn of(v: &Value) -> Option<TokenUsage> {
             completion: count(timings, "predicted_n").unwrap_or(0),
         });
     }
-    let prompt = count(v, "prompt_eval_count")?;
+    let prompt = member(PROMPT_EVAL_COUNT).and_then(Value::as_u64)?;
     Some(TokenUsage {
         prompt,
         cached: None,
-        completion: count(v, "eval_count").unwrap_or(0),
+        completion: member(EVAL_COUNT).and_then(Value::as_u64).unwrap_or(0),
     })
 }
 
@@ -431,7 +467,7 @@ mod tests {
             assert_eq!(whole.is_ok(), sparse.is_ok(), "{text}");
             assert_eq!(
                 whole.ok().and_then(|v| of(&v)),
-                sparse.ok().and_then(|v| of(&v)),
+                sparse.ok().and_then(|m| m.usage()),
                 "{text}"
             );
         }

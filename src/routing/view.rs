@@ -192,17 +192,15 @@ impl ModelView {
 
 /// The model's size in memory where some node has it loaded, else its size on disk.
 pub(super) fn model_size(nodes: &[Arc<Node>], model: &str) -> Option<u64> {
-    let inventories: Vec<_> = nodes.iter().map(|n| n.inventory()).collect();
-    let loaded = inventories
-        .iter()
-        .filter_map(|inv| inv.resident.get(model).map(|r| r.size))
-        .max();
-    loaded.or_else(|| {
-        inventories
-            .iter()
-            .filter_map(|inv| inv.on_disk.get(model).copied())
-            .max()
-    })
+    // One pass over the inventories, without collecting them: this runs for every decision.
+    // (`None` is below every `Some`, so `max` keeps the largest size any node gives.)
+    let (mut loaded, mut on_disk) = (None, None);
+    for node in nodes {
+        let inv = node.inventory();
+        loaded = loaded.max(inv.resident.get(model).map(|r| r.size));
+        on_disk = on_disk.max(inv.on_disk.get(model).copied());
+    }
+    loaded.or(on_disk)
 }
 
 /// Model sizes in memory, looked up once per decision.
