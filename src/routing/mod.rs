@@ -691,7 +691,11 @@ mod tests {
         assert_eq!((o.observed, o.agrees()), (Observed::Cold, Some(false)));
         let node = &r.fleet.nodes()[0];
         let capacity = node.lock_books().models[MODEL].warm.host.capacity();
-        assert_eq!(capacity, Capacity::Tokens((needed_a - 1) / 2));
+        // Below what "a" needed, no lower than one conversation (a third of it here).
+        assert!(
+            matches!(capacity, Capacity::Tokens(t) if t < needed_a && 3 * t >= needed_a),
+            "{capacity:?} for {needed_a}"
+        );
         // Now b (also three deep: c, d, then a saved after it) is predicted cold...
         let b = chat(&["b", "r", &long, "reply", "more"]);
         let d = r.decide(&b).unwrap();

@@ -198,6 +198,10 @@ pub struct HostCache {
     limit_shown: bool,
     /// The deepest conversation `seen` found warm: the cache holds at least this much.
     warm_floor: u64,
+    /// The largest conversation saved: llama-server's cache keeps at least a context's
+    /// worth of tokens (`server_prompt_cache::update`: never fewer than `n_ctx`), so at
+    /// least this much.
+    largest_saved: u64,
 }
 
 /// The learned capacity of a host cache, in estimated tokens.
@@ -246,6 +250,7 @@ impl HostCache {
             seen: VecDeque::new(),
             limit_shown: true,
             warm_floor: 0,
+            largest_saved: 0,
         }
     }
 
@@ -295,6 +300,7 @@ impl HostCache {
             return;
         }
         self.take(entry.lineage);
+        self.largest_saved = self.largest_saved.max(entry.tokens);
         self.saved_tokens += entry.tokens;
         self.entries.push_back(entry);
         while self.entries.len() > Self::MAX_ENTRIES {
@@ -356,11 +362,16 @@ impl HostCache {
             Observed::Cold => false,
             Observed::Unknown => return,
         };
+        // Cold within what the cache surely keeps: the conversation was lost otherwise
+        // (the mirror and the node disagree about what was saved), not for want of room.
+        if !warm && needed <= self.largest_saved {
+            return;
+        }
         self.seen.push_back((needed, warm));
         while self.seen.len() > Self::SEEN {
             self.seen.pop_front();
         }
-        self.capacity = best_capacity(&self.seen);
+        self.capacity = best_capacity(&self.seen, self.largest_saved);
         self.limit_shown = self.seen.iter().any(|&(_, warm)| !warm);
         self.warm_floor = (self.seen.iter())
             .filter(|&&(_, warm)| warm)
@@ -410,8 +421,9 @@ impl HostCache {
 }
 
 /// The capacity that misjudges the fewest of these replies (warm beyond it, or cold within
-/// it); the largest of equals, unbounded when no cold reply calls for a limit.
-fn best_capacity(seen: &VecDeque<(u64, bool)>) -> Capacity {
+/// it), unbounded when no cold reply calls for a limit; of a range that explains them
+/// equally, the middle above `floor` (what the cache surely holds).
+fn best_capacity(seen: &VecDeque<(u64, bool)>, floor: u64) -> Capacity {
     let errors = |capacity: Capacity| {
         seen.iter()
             .filter(|&&(needed, warm)| capacity.holds(needed) != warm)
@@ -444,7 +456,8 @@ fn best_capacity(seen: &VecDeque<(u64, bool)>) -> Capacity {
                 .filter(|&&(needed, warm)| warm && needed <= hi)
                 .map(|&(needed, _)| needed)
                 .max()
-                .unwrap_or(0);
+                .unwrap_or(0)
+                .max(floor.min(hi));
             Capacity::Tokens(lo + (hi - lo) / 2)
         }
         Capacity::Unbounded => Capacity::Unbounded,
@@ -653,6 +666,21 @@ mod tests {
     }
 
     #[test]
+    fn a_cache_keeps_at_least_the_largest_conversation_it_saved() {
+        let mut h = HostCache::default();
+        h.save(entry(1, 8_000));
+        h.save(entry(2, 9_000));
+        // Conversation 2, the newest saved, comes back cold: llama-server keeps at least
+        // a context's worth of tokens, so it was lost some other way, not for want of room.
+        h.learn(h.place(2, None).unwrap().needed, Observed::Cold);
+        assert_eq!(h.capacity(), Capacity::Unbounded);
+        assert_eq!(h.shown_limit(), None);
+        // A cold reply deeper than that is a limit, learned no lower than what one holds.
+        h.learn(17_000, Observed::Cold);
+        assert_eq!(h.capacity(), Capacity::Tokens(9_000 + (16_999 - 9_000) / 2));
+    }
+
+    #[test]
     fn peers_share_the_median_of_the_limits_their_replies_showed() {
         let peers = PeerCapacities::default();
         assert_eq!(peers.of("m"), None);
@@ -767,12 +795,13 @@ mod tests {
             h.save(entry(l, 100));
         }
         // Conversation 2 needed 400 tokens and came back cold: the cache holds fewer, and
-        // with nothing found warm yet, corral takes the middle of what is possible.
+        // with nothing found warm yet, corral takes the middle of what is possible: from
+        // the largest conversation it saved (100) to 399.
         h.learn(h.place(2, None).unwrap().needed, Observed::Cold);
-        assert_eq!(h.capacity(), Capacity::Tokens(199));
+        assert_eq!(h.capacity(), Capacity::Tokens(249));
         assert!(!h.place(2, None).unwrap().warm);
-        assert!(!h.place(4, None).unwrap().warm, "200 tokens deep");
-        assert!(h.place(5, None).unwrap().warm, "100 tokens deep still fits");
+        assert!(!h.place(3, None).unwrap().warm, "300 tokens deep");
+        assert!(h.place(4, None).unwrap().warm, "200 tokens deep still fits");
         // Conversation 1, 500 deep, was warm after all, against one cold reply at 400:
         // each capacity misjudges one reply, and the largest (none) wins.
         h.learn(h.place(1, None).unwrap().needed, Observed::Warm);
@@ -784,7 +813,7 @@ mod tests {
         // More cold replies at 400 and 450 outweigh the one warm reply at 500.
         h.learn(400, Observed::Cold);
         h.learn(450, Observed::Cold);
-        assert_eq!(h.capacity(), Capacity::Tokens(199));
+        assert_eq!(h.capacity(), Capacity::Tokens(249));
         // Warm replies within, cold beyond: the boundary lies between them.
         let mut h = HostCache::default();
         for (needed, warm) in [(100, true), (300, true), (700, false), (900, false)] {
@@ -795,8 +824,8 @@ mod tests {
             Capacity::Tokens(499),
             "halfway between the deepest warm and the shallowest cold"
         );
-        // Room: three saved conversations of 100 tokens in a cache of 199: one is kept
-        // warm, and 99 more fit.
+        // Room: three saved conversations of 100 tokens in a cache of 249: two are kept
+        // warm, and 49 more fit.
         let mut room = HostCache::default();
         for l in 1..=3 {
             room.save(entry(l, 100));
@@ -807,8 +836,8 @@ mod tests {
         );
         assert!(!room.has_room(10, 3, None));
         room.learn(400, Observed::Cold);
-        assert_eq!(room.capacity(), Capacity::Tokens(199));
-        assert!(room.has_room(99, 4, None) && !room.has_room(100, 4, None));
+        assert_eq!(room.capacity(), Capacity::Tokens(249));
+        assert!(room.has_room(49, 4, None) && !room.has_room(50, 4, None));
         // The old runner keeps nothing: no saved conversation is warm.
         let mut none = HostCache::none();
         none.save(entry(9, 10));
