@@ -280,7 +280,7 @@ impl Router {
         let at = view::Moment {
             now,
             ttl: self.ttl(),
-            live: self.turn_gaps.live_window(self.ttl()),
+            live: placement::live_window(request.pause_s, self.ttl()),
             pause_known: request.pause_s.is_some(),
             peer_capacity,
         };
@@ -672,6 +672,39 @@ mod tests {
             .decide(&chat(&["b", "r", &long, "reply", "more"]))
             .unwrap();
         assert_eq!(d.affinity_for(0), AffinityResult::Host);
+    }
+
+    #[test]
+    fn idle_slots_are_copied_into_the_host_cache_as_llama_server_copies_them() {
+        let r = router(1, 3);
+        let long = "x".repeat(400);
+        let turn = |c: &str| chat(&[c, "r", &long]);
+        let own = u64::from(turn("a").prompt_tokens);
+        for c in ["a", "b", "c"] {
+            serve(&r, &turn(c), 0);
+        }
+        // Each request copied the slots that were idle: a, then b.
+        let node = &r.fleet.nodes()[0];
+        assert_eq!(node.lock_books().models[MODEL].warm.host.len(), 2);
+        let follow = |c: &str| chat(&[c, "r", &long, "reply", "more"]);
+        let b = r.decide(&follow("b")).unwrap();
+        assert_eq!(
+            b.affinity_for(0),
+            AffinityResult::Hit,
+            "b is still in its slot"
+        );
+        // "d" takes a's slot (least recently used): a, held whole already, stays the
+        // oldest; c is copied after b.
+        serve(&r, &turn("d"), 0);
+        let a = r.decide(&follow("a")).unwrap();
+        assert_eq!(a.affinity_for(0), AffinityResult::Host);
+        assert_eq!(a.probe.expect("a is in the host cache").needed, 3 * own);
+        // "e" takes b's slot: b keeps its place before c's copy rather than being saved
+        // again as the newest, and d is copied after them.
+        serve(&r, &turn("e"), 0);
+        let b = r.decide(&follow("b")).unwrap();
+        assert_eq!(b.affinity_for(0), AffinityResult::Host);
+        assert_eq!(b.probe.expect("b is in the host cache").needed, 3 * own);
     }
 
     #[test]

@@ -136,8 +136,7 @@ pub fn second_home(homes_full: bool, fits_free: bool, model_loaded_weight: f64) 
     }
 }
 
-/// How long a conversation counts as live after its last turn: twice the usual pause
-/// between turns, once corral has seen some; until then, `fallback` (the affinity TTL).
+/// The usual pause between a conversation's turns, as seen.
 #[derive(Debug, Default)]
 pub struct TurnGaps {
     gap_s: parking_lot::Mutex<Ewma>,
@@ -153,12 +152,15 @@ impl TurnGaps {
     pub fn pause_s(&self) -> Option<f64> {
         self.gap_s.lock().get()
     }
+}
 
-    pub fn live_window(&self, fallback: Duration) -> Duration {
-        match self.gap_s.lock().get() {
-            Some(gap) => Duration::from_secs_f64(2.0 * gap).min(fallback),
-            None => fallback,
-        }
+/// How long a conversation counts as live after its last turn, from the usual pause between
+/// turns ([`TurnGaps::pause_s`]): twice it, never past `fallback`; `fallback` until a pause
+/// is known.
+pub fn live_window(pause_s: Option<f64>, fallback: Duration) -> Duration {
+    match pause_s {
+        Some(gap) => Duration::from_secs_f64(2.0 * gap).min(fallback),
+        None => fallback,
     }
 }
 
@@ -319,11 +321,11 @@ mod tests {
     fn conversations_stay_live_for_twice_the_usual_pause() {
         let gaps = TurnGaps::default();
         let ttl = Duration::from_secs(300);
-        assert_eq!(gaps.live_window(ttl), ttl, "nothing learned yet");
+        assert_eq!(live_window(gaps.pause_s(), ttl), ttl, "nothing learned yet");
         gaps.record(Duration::from_secs(4));
-        assert_eq!(gaps.live_window(ttl), Duration::from_secs(8));
+        assert_eq!(live_window(gaps.pause_s(), ttl), Duration::from_secs(8));
         gaps.record(Duration::from_secs(2_000));
-        assert_eq!(gaps.live_window(ttl), ttl, "never past the TTL");
+        assert_eq!(live_window(gaps.pause_s(), ttl), ttl, "never past the TTL");
     }
 
     #[test]

@@ -143,21 +143,20 @@ impl ModelView {
         let Some(state) = books.models.get(model) else {
             return ModelView::default();
         };
+        let live = if at.pause_known {
+            at.live
+        } else {
+            Duration::ZERO
+        };
+        let since = at.now.checked_sub(live).unwrap_or(at.now);
+        let in_slot = |lineage| state.slots.iter().any(|s| s.lineage == lineage);
+        let host = state.warm.host.survey(at.peer_capacity, since, in_slot);
         // A conversation pushed out of a slot is not lost where the host cache keeps a copy
         // of it (llama-server copies idle slots' conversations) or has room for it; where
         // the cache is full, it pushes the oldest saved one out instead.
-        let host = &state.warm.host;
-        let kept = |lineage| {
-            host.place(lineage, at.peer_capacity)
-                .is_some_and(|p| p.warm)
-        };
-        let copies = (state.slots.iter())
-            .filter(|s| s.lineage != 0 && kept(s.lineage))
-            .count();
         let held = state.slots.iter().filter(|s| s.lineage != 0).count();
         let victim = state.slots.iter().map(|s| s.tokens).max().unwrap_or(0);
-        let host_keeps =
-            host_allowed && (copies == held || host.has_room(victim, parallel, at.peer_capacity));
+        let host_keeps = host_allowed && (host.copies == held || host.has_room(victim, parallel));
         ModelView {
             in_flight: state.in_flight,
             waiting: state.waiting,
@@ -169,20 +168,15 @@ impl ModelView {
             service_s: state.warm.service_s.get(),
             cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
             full: placement::slots_full(&state.slots, parallel, at.now, at.live),
-            live_conversations: {
-                let live = if at.pause_known {
-                    at.live
-                } else {
-                    Duration::ZERO
-                };
-                let since = at.now.checked_sub(live).unwrap_or(at.now);
-                let in_slot = |lineage| state.slots.iter().any(|s| s.lineage == lineage);
-                let saved = host.used_since(since, in_slot);
-                placement::live_conversations(&state.slots, saved, at.now, live)
-            },
+            live_conversations: placement::live_conversations(
+                &state.slots,
+                host.live,
+                at.now,
+                live,
+            ),
             warm_room: parallel as f64
                 + if host_allowed {
-                    host.room(parallel, at.peer_capacity, copies)
+                    (state.warm.host).room(parallel, at.peer_capacity, host.copies)
                 } else {
                     0.0
                 },

@@ -222,6 +222,33 @@ impl Capacity {
     }
 }
 
+/// What [`HostCache::survey`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Survey {
+    capacity: Capacity,
+    /// Conversations saved, warm or not.
+    saved: usize,
+    /// Tokens of the newest saved conversations that the capacity keeps.
+    warm_tokens: u64,
+    /// Saved copies of conversations that slots hold, kept by the capacity.
+    pub copies: usize,
+    /// Saved conversations no slot holds whose last turn was recent: still live, whether
+    /// the cache kept them or not.
+    pub live: usize,
+}
+
+impl Survey {
+    /// Whether saving `tokens` more would push no conversation counted warm out. Before
+    /// any reply has shown a limit, the cache is taken to hold as many conversations as
+    /// the node has `slots`, so that new conversations spread by slots meanwhile.
+    pub fn has_room(&self, tokens: u64, slots: usize) -> bool {
+        match self.capacity {
+            Capacity::Tokens(capacity) => self.warm_tokens + tokens <= capacity,
+            Capacity::Unbounded => self.saved < slots,
+        }
+    }
+}
+
 /// Where a conversation stands in a host cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostPlace {
@@ -334,28 +361,44 @@ impl HostCache {
         None
     }
 
-    /// Whether saving `tokens` more would push no conversation counted warm out. Before
-    /// any reply has shown a limit, the cache is taken to hold as many conversations as
-    /// the node has `slots`, so that new conversations spread by slots meanwhile.
-    pub fn has_room(&self, tokens: u64, slots: usize, peers: Option<u64>) -> bool {
-        let Capacity::Tokens(capacity) = self.capacity_with(peers) else {
-            return self.entries.len() < slots;
+    /// One pass over the saved conversations, newest first, for a decision: the copies of
+    /// conversations that `in_slot` says a slot holds that the capacity keeps, the other
+    /// conversations whose last turn was served since `since`, and the tokens kept warm.
+    pub fn survey(
+        &self,
+        peers: Option<u64>,
+        since: Instant,
+        in_slot: impl Fn(u64) -> bool,
+    ) -> Survey {
+        let capacity = self.capacity_with(peers);
+        let mut survey = Survey {
+            capacity,
+            saved: self.entries.len(),
+            warm_tokens: 0,
+            copies: 0,
+            live: 0,
         };
-        let mut warm = 0;
+        let mut needed = 0;
         for e in self.entries.iter().rev() {
-            if warm + e.tokens > capacity {
-                break;
+            needed += e.tokens;
+            let kept = capacity.holds(needed);
+            if kept {
+                survey.warm_tokens = needed;
             }
-            warm += e.tokens;
+            if in_slot(e.lineage) {
+                survey.copies += usize::from(kept);
+            } else if e.last_used >= since {
+                survey.live += 1;
+            }
         }
-        warm + tokens <= capacity
+        survey
     }
 
     /// Corrects the capacity with what a reply showed of a conversation that needed
     /// `needed` tokens of cache. The capacity is the one that explains the recent replies
-    /// best (fewest found warm beyond it or cold within it), the largest of equals: one
-    /// odd reply (a prompt counted differently, a slot chosen otherwise) moves it only as
-    /// far as the evidence as a whole allows.
+    /// best (fewest found warm beyond it or cold within it; see [`best_capacity`]): one odd
+    /// reply (a prompt counted differently, a slot chosen otherwise) moves it only as far as
+    /// the evidence as a whole allows.
     pub fn learn(&mut self, needed: u64, observed: Observed) {
         let warm = match observed {
             Observed::Warm => true,
@@ -393,7 +436,7 @@ impl HostCache {
     /// How many conversations the cache keeps beyond the node's slots, by its learned
     /// capacity and the mean size of what it saved, less the room taken by `copies` of
     /// conversations that slots hold; before a reply has shown a limit, as many as the node
-    /// has `slots` (as [`HostCache::has_room`] assumes). A cache known to hold nothing
+    /// has `slots` (as [`Survey::has_room`] assumes). A cache known to hold nothing
     /// keeps none.
     pub fn room(&self, slots: usize, peers: Option<u64>, copies: usize) -> f64 {
         let Capacity::Tokens(capacity) = self.capacity_with(peers) else {
@@ -404,15 +447,6 @@ impl HostCache {
             _ if capacity == 0 => 0.0,
             _ => slots as f64,
         }
-    }
-
-    /// Saved conversations whose last turn was served since `since`: those still live,
-    /// whether the cache kept them or not. Copies of conversations that `in_slot` says a
-    /// slot holds are not counted: the slot counts them.
-    pub fn used_since(&self, since: Instant, in_slot: impl Fn(u64) -> bool) -> usize {
-        (self.entries.iter())
-            .filter(|e| e.last_used >= since && !in_slot(e.lineage))
-            .count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -624,6 +658,11 @@ mod tests {
         assert!((r.get().unwrap() - 980.0).abs() < 1e-9);
     }
 
+    fn has_room(h: &HostCache, tokens: u64, slots: usize, peers: Option<u64>) -> bool {
+        h.survey(peers, Instant::now(), |_| false)
+            .has_room(tokens, slots)
+    }
+
     fn entry(lineage: u64, tokens: u64) -> HostEntry {
         HostEntry {
             lineage,
@@ -649,7 +688,7 @@ mod tests {
             3.0,
             "600 tokens of 200-token conversations"
         );
-        assert!(!h.has_room(100, 4, Some(600)));
+        assert!(!has_room(&h, 100, 4, Some(600)));
         // Its own replies found 600 tokens warm: never less than that.
         h.learn(600, Observed::Warm);
         assert_eq!(h.capacity_with(Some(500)), Capacity::Tokens(600));
@@ -757,7 +796,7 @@ mod tests {
         assert_eq!(HostCache::none().room(4, None, 0), 0.0);
         let since = Instant::now() + Duration::from_secs(1);
         let no_slot = |_| false;
-        assert_eq!(h.used_since(since, no_slot), 0);
+        assert_eq!(h.survey(None, since, no_slot).live, 0);
         h.save(HostEntry {
             last_used: since,
             ..entry(3, 100)
@@ -766,8 +805,10 @@ mod tests {
             last_used: since,
             ..entry(4, 100)
         });
-        assert_eq!(h.used_since(since, no_slot), 2);
-        assert_eq!(h.used_since(since, |l| l == 4), 1, "a slot counts its own");
+        assert_eq!(h.survey(None, since, no_slot).live, 2);
+        let slot_holds_4 = h.survey(None, since, |l| l == 4);
+        assert_eq!(slot_holds_4.live, 1, "a slot counts its own");
+        assert_eq!(slot_holds_4.copies, 1, "and its copy is kept");
     }
 
     #[test]
@@ -831,13 +872,13 @@ mod tests {
             room.save(entry(l, 100));
         }
         assert!(
-            room.has_room(10_000, 4, None),
+            has_room(&room, 10_000, 4, None),
             "no limit shown: as many as the slots"
         );
-        assert!(!room.has_room(10, 3, None));
+        assert!(!has_room(&room, 10, 3, None));
         room.learn(400, Observed::Cold);
         assert_eq!(room.capacity(), Capacity::Tokens(249));
-        assert!(room.has_room(49, 4, None) && !room.has_room(50, 4, None));
+        assert!(has_room(&room, 49, 4, None) && !has_room(&room, 50, 4, None));
         // The old runner keeps nothing: no saved conversation is warm.
         let mut none = HostCache::none();
         none.save(entry(9, 10));
