@@ -575,11 +575,12 @@ proptest! {
     #[test]
     fn session_affinity_shrinks_with_depth(w in weights(), d1 in any::<u32>(), d2 in any::<u32>()) {
         let (lo, hi) = (d1.min(d2), d1.max(d2));
+        let (lo, hi) = (f64::from(lo), f64::from(hi));
         let near = signals::session_affinity(Warmth::HoldsPrefix, lo, &w);
         let far = signals::session_affinity(Warmth::HoldsPrefix, hi, &w);
         prop_assert!(far <= near);
         prop_assert!(near <= w.session_affinity && far >= 0.0);
-        prop_assert_eq!(signals::session_affinity(Warmth::HoldsPrefix, 0, &w), w.session_affinity);
+        prop_assert_eq!(signals::session_affinity(Warmth::HoldsPrefix, 0.0, &w), w.session_affinity);
         // At the same depth, holding the prefix earns at least as much as any other warmth.
         for warmth in [Warmth::WouldDisplace, Warmth::Free] {
             prop_assert!(signals::session_affinity(warmth, lo, &w) <= near);
@@ -589,7 +590,7 @@ proptest! {
     /// Every request on the node costs the same.
     #[test]
     fn queue_depth_is_linear(w in weights(), a in 0..1_000_000u32, b in 0..1_000_000u32) {
-        let q = |d| signals::queue_depth(d, &w);
+        let q = |d: u32| signals::queue_depth(f64::from(d), &w);
         prop_assert_eq!(q(0), 0.0);
         prop_assert!(close(q(a + b), q(a) + q(b)), "{} vs {}", q(a + b), q(a) + q(b));
         prop_assert!(close(q(a), -w.queue_depth * f64::from(a)));

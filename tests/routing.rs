@@ -110,69 +110,84 @@ async fn big_model_avoids_a_node_too_small_for_it() {
     assert!(small.log().iter().all(|r| r.model != "qwen2.5:32b"));
 }
 
+/// The worked example over sockets, on nodes of one slot each (Ollama's default): a queue of
+/// two sends the follow-up to an otherwise identical idle peer.
 #[tokio::test]
 async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
     let mut cfgs = vec![fast_node("a"), fast_node("b")];
     for c in &mut cfgs {
-        c.num_parallel = 4;
+        c.num_parallel = 1;
         c.decode_per_token = Duration::from_millis(20);
-        // Nodes that keep all four conversations warm: with Ollama's default slot rule
-        // each new conversation would take the slot of the last one.
-        c.multiuser_cache = true;
+        // Current Ollama: conversations pushed out of the one slot stay warm in host memory.
+        c.kind = corral::standin::StandinKind::Ollama;
+        c.cache_ram_tokens = 100_000;
     }
     let nodes = futures::future::join_all(cfgs.into_iter().map(start)).await;
-    let router = Router::start(nodes.iter().map(|n| NodeSpec::of(n, 4)).collect(), "").await;
-
-    // Five conversations; by pigeonhole three start on the same node.
-    let mut placed: HashMap<String, Vec<(Vec<String>, String)>> = HashMap::new();
-    for i in 0..5 {
+    let admin_port = free_port();
+    let extra = format!("admin_listen: 127.0.0.1:{admin_port}\n");
+    let fleet = async || get_json(&format!("http://127.0.0.1:{admin_port}/fleet")).await;
+    // Three conversations start on a, the only node; then b joins, idle.
+    let router = Router::start(vec![NodeSpec::of(&nodes[0], 1)], &extra).await;
+    let mut convs = Vec::new();
+    for i in 0..3 {
         let t = turns(&format!("user {i}"));
         let (node, _, reply) = chat(&router, &t).await;
-        placed.entry(node).or_default().push((t, reply));
+        assert_eq!(node, "a");
+        convs.push(follow(t, reply, "go on"));
     }
-    let (busy, convs) = placed.into_iter().find(|(_, v)| v.len() >= 3).unwrap();
-    let idle = if busy == "a" { "b" } else { "a" };
+    let both: Vec<NodeSpec> = nodes.iter().map(|n| NodeSpec::of(n, 1)).collect();
+    router.rewrite_config(&both, &extra);
+    router.signal("HUP");
+    eventually("b joins with the model resident", async || {
+        let f = fleet().await;
+        let b = f["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["name"] == "b"));
+        b.is_some_and(|b| b["resident"].as_array().is_some_and(|r| !r.is_empty()))
+    })
+    .await;
+    let warm = |affinity: String| matches!(affinity.as_str(), "hit" | "host");
 
-    // Two follow-ups hold the busy node (depth two)...
-    let d = hold_turns(
-        &router,
-        &follow(convs[0].0.clone(), convs[0].1.clone(), "go on"),
-        200,
-    )
+    // One follow-up runs on a (depth one: a still leads by 7.3)...
+    let d = hold_turns(&router, &convs[0], 200).await;
+    assert_eq!(header(&d, "x-fleet-node"), "a");
+    assert!(warm(header(&d, "x-fleet-affinity")));
+    // ...and a second waits in corral for a's one slot (depth two)...
+    let waiter = client()
+        .post(format!("{}/api/chat", router.url()))
+        .json(&chat_body(&convs[1], false))
+        .send();
+    let waiter = tokio::spawn(waiter);
+    eventually("the second follow-up waits in corral", async || {
+        fleet().await["waiting"].as_u64() == Some(1)
+    })
     .await;
-    assert_eq!(
-        (header(&d, "x-fleet-node"), header(&d, "x-fleet-affinity")),
-        (busy.clone(), "hit".into())
-    );
-    let e = hold_turns(
-        &router,
-        &follow(convs[1].0.clone(), convs[1].1.clone(), "go on"),
-        200,
-    )
-    .await;
-    assert_eq!(
-        (header(&e, "x-fleet-node"), header(&e, "x-fleet-affinity")),
-        (busy.clone(), "hit".into())
-    );
 
     // ...so the third conversation's follow-up goes to the idle peer: 20/2 - 12 = -2 < 0.
-    let t = follow(convs[2].0.clone(), convs[2].1.clone(), "go on");
     let resp = client()
         .post(format!("{}/api/chat", router.url()))
         .header("X-Fleet-Explain", "1")
-        .json(&chat_body(&t, false))
+        .json(&chat_body(&convs[2], false))
         .send()
         .await
         .unwrap();
     let explain = header(&resp, "x-fleet-explain");
-    assert_eq!(header(&resp, "x-fleet-node"), idle, "{explain}");
+    assert_eq!(header(&resp, "x-fleet-node"), "b", "{explain}");
     assert_eq!(header(&resp, "x-fleet-affinity"), "miss");
-    assert!(explain.contains(&format!("{busy} total=")), "{explain}");
+    assert!(explain.contains("a total=83.0"), "{explain}");
+    assert!(explain.contains("b total=85.0"), "{explain}");
     assert!(
         explain.contains("queue=-12.0") && explain.contains("affinity=10.0"),
         "{explain}"
     );
-    drop((d, e));
+    drop(d);
+    let waited = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        header(&waited, "x-fleet-node"),
+        "a",
+        "it waited for its warm node"
+    );
+    assert!(warm(header(&waited, "x-fleet-affinity")));
 }
 
 #[tokio::test]

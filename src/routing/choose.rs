@@ -56,6 +56,7 @@ pub fn rank(
         let state = &view.model;
         // Running there, and waiting in corral for it.
         let depth = state.in_flight + state.waiting;
+        let queue = signals::queue(depth, view.parallel);
         let memory = Memory {
             need: request.need,
             total: view.memory_total,
@@ -86,12 +87,12 @@ pub fn rank(
         let scores = Scores {
             model_loaded: signals::model_loaded(view.resident, w),
             memory_fit,
-            queue_depth: signals::queue_depth(depth, w),
+            queue_depth: signals::queue_depth(queue, w),
             latency: signals::latency(speed, best, w) * freshness(state.speed_at, now),
             role_affinity: signals::role_affinity(&view.settings.roles, class, w),
             availability: signals::availability(view.success_ratio, w),
             context_fit: signals::context_fit(p.prompt_tokens, p.num_ctx, view.loaded_context, w),
-            session_affinity: signals::session_affinity(warmth, depth, w),
+            session_affinity: signals::session_affinity(warmth, queue, w),
         };
         ranked.push(Candidate {
             node: view.node.clone(),

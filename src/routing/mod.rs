@@ -513,7 +513,8 @@ mod tests {
 
     #[test]
     fn worked_example_leads_by_20_then_7_3_then_trails_by_2() {
-        let r = router(2, 4);
+        // One slot a node, Ollama's default: every request running or waiting is ahead.
+        let r = router(2, 1);
         let first = chat(&["Hello"]);
         serve(&r, &first, 0);
         let follow_up = chat(&["Hello", "Hi there", "Tell me more"]);
@@ -524,17 +525,50 @@ mod tests {
         assert!((total_of(&d, 0) - total_of(&d, 1) - 20.0).abs() < 1e-9);
 
         let other = chat(&["unrelated"]);
-        let _one = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+        let node = &r.fleet.nodes()[0];
+        let _one = r.try_dispatch(node, &other).unwrap();
         let d = r.decide(&follow_up).unwrap();
         let lead = total_of(&d, 0) - total_of(&d, 1);
         assert!((lead - 7.333).abs() < 0.001, "{lead}");
         assert_eq!(format!("{lead:.1}"), "7.3");
 
-        let _two = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+        assert!(
+            r.try_dispatch(node, &other).is_none(),
+            "its one slot is taken"
+        );
+        let _two = r.wait_ticket(node, MODEL, 8).unwrap();
         let d = r.decide(&follow_up).unwrap();
         assert!((total_of(&d, 0) - total_of(&d, 1) + 2.0).abs() < 1e-9);
         assert_eq!(d.ranked[0].node.id, 1, "the idle peer wins at depth two");
         assert_eq!(d.affinity_for(1), AffinityResult::Miss);
+    }
+
+    #[test]
+    fn requests_beside_a_free_slot_are_no_queue() {
+        // Four slots: two requests running leave two free, so the follow-up meets no queue
+        // and its warm node leads by the whole bonus; only what waits for a slot counts.
+        let r = router(2, 4);
+        serve(&r, &chat(&["Hello"]), 0);
+        let follow_up = chat(&["Hello", "Hi there", "Tell me more"]);
+        let other = chat(&["unrelated"]);
+        let node = &r.fleet.nodes()[0];
+        let running: Vec<_> = (0..2)
+            .map(|_| r.try_dispatch(node, &other).unwrap())
+            .collect();
+        let d = r.decide(&follow_up).unwrap();
+        assert!((total_of(&d, 0) - total_of(&d, 1) - 20.0).abs() < 1e-9);
+        // All four slots taken and four more waiting: five requests ahead on four slots.
+        let more: Vec<_> = (0..2)
+            .map(|_| r.try_dispatch(node, &other).unwrap())
+            .collect();
+        let waiting: Vec<_> = (0..4)
+            .map(|_| r.wait_ticket(node, MODEL, 8).unwrap())
+            .collect();
+        let d = r.decide(&follow_up).unwrap();
+        let queue = 5.0 / 4.0;
+        let lead = 20.0 / (1.0 + queue / 2.0) - 6.0 * queue;
+        assert!((total_of(&d, 0) - total_of(&d, 1) - lead).abs() < 1e-9);
+        drop((running, more, waiting));
     }
 
     #[test]
@@ -813,7 +847,7 @@ mod tests {
 
     #[test]
     fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
-        let r = router(2, 2);
+        let r = router(2, 1);
         let mut config = (*r.config()).clone();
         config.weights.move_cost = 2.0;
         r.set_config(config);
@@ -825,7 +859,7 @@ mod tests {
         let follow_up = chat(&["a", "r", &long, "reply", "more"]);
         let other = chat(&["unrelated"]);
         let _one = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
-        let _two = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+        let _two = r.wait_ticket(&r.fleet.nodes()[0], MODEL, 8).unwrap();
         // Depth two: by the signals alone the idle peer leads by 2 (the worked example),
         // but node 0 serves in microseconds, and a move costs 2 x 106 tokens / 1,000 per s.
         let d = r.decide(&follow_up).unwrap();

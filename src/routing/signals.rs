@@ -49,9 +49,18 @@ pub fn memory_fit(resident: bool, m: Memory, w: &Weights) -> Option<f64> {
     }
 }
 
-/// Signal 3: every request running or waiting for the model on the node costs the same.
-pub fn queue_depth(depth: u32, w: &Weights) -> f64 {
-    -w.queue_depth * f64::from(depth)
+/// The queue a request meets on a node where `depth` requests are running or waiting for
+/// the model and `parallel` run at once: the requests that must end before it starts, per
+/// slot, i.e. its expected wait in service times. With one slot (Ollama's default) it is the
+/// depth itself; a request running beside a free slot delays nobody.
+pub fn queue(depth: u32, parallel: usize) -> f64 {
+    let parallel = parallel.max(1) as f64;
+    (f64::from(depth) + 1.0 - parallel).max(0.0) / parallel
+}
+
+/// Signal 3: every request ahead in the node's queue ([`queue`]) costs the same.
+pub fn queue_depth(queue: f64, w: &Weights) -> f64 {
+    -w.queue_depth * queue
 }
 
 /// Tokens per second, as learned from the node's replies.
@@ -156,12 +165,13 @@ pub enum Warmth {
     Free,
 }
 
-/// Signal 8: the node holding the warm prefix gets `weight / (1 + depth / 2)`, so that a
-/// saturated node loses to an idle peer. A node where the request would displace another
-/// conversation's warm slot pays a small penalty, steering new conversations to free slots.
-pub fn session_affinity(warmth: Warmth, depth: u32, w: &Weights) -> f64 {
+/// Signal 8: the node holding the warm prefix gets `weight / (1 + queue / 2)` ([`queue`]), so
+/// that a saturated node loses to an idle peer. A node where the request would displace
+/// another conversation's warm slot pays a small penalty, steering new conversations to free
+/// slots.
+pub fn session_affinity(warmth: Warmth, queue: f64, w: &Weights) -> f64 {
     match warmth {
-        Warmth::HoldsPrefix => w.session_affinity / (1.0 + f64::from(depth) / 2.0),
+        Warmth::HoldsPrefix => w.session_affinity / (1.0 + queue / 2.0),
         Warmth::WouldDisplace => -w.slot_displacement,
         Warmth::Free => 0.0,
     }
@@ -260,8 +270,21 @@ mod tests {
 
     #[test]
     fn queue_costs_six_each() {
-        assert_eq!(queue_depth(0, &w()), 0.0);
-        assert_eq!(queue_depth(3, &w()), -18.0);
+        assert_eq!(queue_depth(0.0, &w()), 0.0);
+        assert_eq!(queue_depth(3.0, &w()), -18.0);
+    }
+
+    #[test]
+    fn the_queue_counts_what_waits_for_a_slot_per_slot() {
+        // One slot: every request running or waiting is ahead.
+        assert_eq!(queue(0, 1), 0.0);
+        assert_eq!(queue(1, 1), 1.0);
+        assert_eq!(queue(2, 1), 2.0);
+        // Four slots: nobody waits until all four run; then one slot's turn per request.
+        assert_eq!(queue(3, 4), 0.0);
+        assert_eq!(queue(4, 4), 0.25);
+        assert_eq!(queue(8, 4), 1.25);
+        assert_eq!(queue(2, 0), 2.0, "unknown slots count as one");
     }
 
     #[test]
@@ -323,10 +346,10 @@ mod tests {
 
     #[test]
     fn session_affinity_shrinks_with_queue() {
-        assert_eq!(session_affinity(Warmth::HoldsPrefix, 0, &w()), 20.0);
-        assert!((session_affinity(Warmth::HoldsPrefix, 1, &w()) - 13.333).abs() < 0.01);
-        assert_eq!(session_affinity(Warmth::HoldsPrefix, 2, &w()), 10.0);
-        assert_eq!(session_affinity(Warmth::WouldDisplace, 0, &w()), -8.0);
-        assert_eq!(session_affinity(Warmth::Free, 5, &w()), 0.0);
+        assert_eq!(session_affinity(Warmth::HoldsPrefix, 0.0, &w()), 20.0);
+        assert!((session_affinity(Warmth::HoldsPrefix, 1.0, &w()) - 13.333).abs() < 0.01);
+        assert_eq!(session_affinity(Warmth::HoldsPrefix, 2.0, &w()), 10.0);
+        assert_eq!(session_affinity(Warmth::WouldDisplace, 0.0, &w()), -8.0);
+        assert_eq!(session_affinity(Warmth::Free, 5.0, &w()), 0.0);
     }
 }

@@ -224,6 +224,8 @@ struct LogWarmth {
     cases: HashMap<String, usize>,
     /// Each checked follow-up: sent, answered, called `host`, predicted warm, found warm.
     verdicts: Vec<Verdict>,
+    /// Cached tokens the node logged, by (conversation, turn).
+    cached: HashMap<(usize, usize), u32>,
 }
 
 struct Verdict {
@@ -302,6 +304,7 @@ impl LogWarmth {
             &mut self.first
         };
         share.add(r.prompt_tokens, cached);
+        self.cached.insert((r.conversation, r.turn), cached);
         if let Some(affinity) = r.affinity.as_deref().filter(|_| r.follow_up()) {
             let predicted_warm = matches!(affinity, "hit" | "host");
             let warm = cached >= 16 && cached * 4 >= r.prompt_tokens;
@@ -321,6 +324,37 @@ impl LogWarmth {
                 .or_default() += 1;
         }
     }
+}
+
+/// Every turn of a run as CSV, in the order sent, with the cached tokens its node logged:
+/// where each conversation went, what corral called it, and what the node found.
+pub fn trace_csv(run: &Run) -> String {
+    let ok: Vec<&TurnRecord> = run.records.iter().filter(|r| r.error.is_none()).collect();
+    let (warmth, _, _) = warm_from_logs(run, &ok);
+    let mut records: Vec<&TurnRecord> = run.records.iter().collect();
+    records.sort_by_key(|r| r.sent);
+    let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
+    let mut out = String::from(
+        "sent_ms,conversation,turn,node,affinity,prompt_tokens,cached_tokens,ttft_ms,total_ms,error\n",
+    );
+    for r in records {
+        let node = r.node.and_then(|n| run.node_names.get(n));
+        let cached = warmth.cached.get(&(r.conversation, r.turn));
+        out += &format!(
+            "{},{},{},{},{},{},{},{},{},{}\n",
+            ms(r.sent),
+            r.conversation,
+            r.turn,
+            node.map_or("", String::as_str),
+            r.affinity.as_deref().unwrap_or(""),
+            r.prompt_tokens,
+            cached.map_or(String::new(), u32::to_string),
+            r.ttft.map_or(String::new(), ms),
+            ms(r.total),
+            r.error.is_some(),
+        );
+    }
+    out
 }
 
 /// One of the goals, checked against the figures of the same run.

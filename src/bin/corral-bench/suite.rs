@@ -72,6 +72,7 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
             );
             let run = replay::run(&env, &spec, &conversations, policy).await?;
             let stats = report::stats(&run);
+            write_trace(&run, kind, spec.seed)?;
             eprintln!(
                 "corral-bench:   {} turns in {:.1} s, follow-up warm {:.1}%, follow-up TTFT p50 {:.1} ms p90 {:.1} ms, {} errors, predictions agreeing with the nodes' logs {}/{}",
                 stats.turns,
@@ -126,6 +127,18 @@ fn write_outputs(report: &ReplayReport, opts: &Options) -> Result<(), String> {
         charts(report, dir)?;
     }
     Ok(())
+}
+
+/// With `CORRAL_BENCH_TRACE=dir`, every turn of the run goes to
+/// `dir/<workload>-seed<seed>-<policy>.csv` for analysis.
+fn write_trace(run: &replay::Run, kind: WorkloadKind, seed: u64) -> Result<(), String> {
+    let Some(dir) = std::env::var_os("CORRAL_BENCH_TRACE") else {
+        return Ok(());
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let name = format!("{}-seed{seed}-{}.csv", kind.name(), run.policy.name());
+    write(&dir.join(name), report::trace_csv(run).as_bytes())
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
