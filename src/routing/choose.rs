@@ -103,6 +103,7 @@ pub fn rank(
         });
         starts.push(Start {
             cold_tps: state.cold_tps,
+            cold_tps_at_most: state.cold_tps_at_most,
             service_s: state.service_s,
             parallel: view.parallel,
             depth,
@@ -206,9 +207,14 @@ fn spread_by_warm_room(
         }
         let start = &starts[i];
         // A node not measured yet is taken to be as fast as the fleet's best, as the latency
-        // signal takes it: it gets work, and so a measurement.
+        // signal takes it: it gets work, and so a measurement; but no faster than its
+        // requests not yet answered show it can be.
+        let guess = fastest.cold_tps.map(|best| match start.cold_tps_at_most {
+            Some(at_most) => best.min(at_most),
+            None => best,
+        });
         let (Some(cold_tps), Some(service_s)) = (
-            start.cold_tps.or(fastest.cold_tps),
+            start.cold_tps.or(guess),
             start.service_s.or(fastest.service_s),
         ) else {
             continue;
@@ -289,6 +295,8 @@ impl Fastest {
 struct Start {
     /// Prompt tokens per second when nothing is cached, where measured.
     cold_tps: Option<f64>,
+    /// Where not measured: at most this, from requests not answered yet.
+    cold_tps_at_most: Option<f64>,
     /// Seconds a request takes there, where measured.
     service_s: Option<f64>,
     parallel: usize,

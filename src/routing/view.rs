@@ -9,7 +9,7 @@ use super::parallel::Probes;
 use super::placement::{self, Footprint};
 use super::slots::{SlotPolicy, displaces_warm};
 use crate::config::NodeConfig;
-use crate::fleet::{Books, Inventory, ModelState, Node};
+use crate::fleet::{Books, Inventory, ModelState, Node, Slot};
 
 /// One node as a decision sees it, for one model.
 #[derive(Clone)]
@@ -123,6 +123,9 @@ pub struct ModelView {
     pub service_s: Option<f64>,
     /// Prompt tokens per second when nothing is cached.
     pub cold_tps: Option<f64>,
+    /// While none is measured: at most this, from requests still waiting for their first
+    /// byte there ([`unanswered_rate`]).
+    pub cold_tps_at_most: Option<f64>,
     /// Every slot holds a live conversation ([`placement::slots_full`]).
     pub full: bool,
     /// Live conversations it serves ([`placement::live_conversations`]).
@@ -167,6 +170,9 @@ impl ModelView {
             speed_at: state.speed_at,
             service_s: state.warm.service_s.get(),
             cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
+            cold_tps_at_most: (state.streaming == 0)
+                .then(|| unanswered_rate(&state.slots, at.now))
+                .flatten(),
             full: placement::slots_full(&state.slots, parallel, at.now, at.live),
             live_conversations: placement::live_conversations(
                 &state.slots,
@@ -182,6 +188,22 @@ impl ModelView {
                 },
         }
     }
+}
+
+/// The fastest prompt rate a node could have whose busy slots have all been prefilling
+/// since they were taken without a first byte: each slot's prompt over its age. A node
+/// that has not answered yet is otherwise taken to be as fast as the fleet's best, and one
+/// tenfold slower would take a whole wave of new conversations before its first reply
+/// showed its speed.
+pub fn unanswered_rate(slots: &[Slot], now: Instant) -> Option<f64> {
+    slots
+        .iter()
+        .filter(|s| s.busy > 0 && s.tokens > 0)
+        .filter_map(|s| {
+            let age = now.saturating_duration_since(s.last_used?).as_secs_f64();
+            (age > 0.0).then(|| s.tokens as f64 / age)
+        })
+        .min_by(f64::total_cmp)
 }
 
 /// The model's size in memory where some node has it loaded, else its size on disk.
@@ -277,6 +299,30 @@ mod tests {
     use crate::fleet::Resident;
 
     const GB: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_node_that_has_not_answered_is_no_faster_than_its_waiting_prompts_allow() {
+        let now = Instant::now();
+        let slot = |busy, tokens, age_ms| Slot {
+            lineage: 1,
+            depth: 1,
+            last_used: Some(now - Duration::from_millis(age_ms)),
+            busy,
+            tokens,
+        };
+        // 8,000 tokens without a first byte for 2 s allow 4,000 a second, for 4 s 2,000:
+        // the tighter bound counts. Idle slots and empty ones show nothing.
+        let slots = [
+            slot(1, 8_000, 2_000),
+            slot(1, 8_000, 4_000),
+            slot(0, 100, 9_000),
+        ];
+        let rate = unanswered_rate(&slots, now).unwrap();
+        assert!((rate - 2_000.0).abs() < 1.0, "{rate}");
+        assert_eq!(unanswered_rate(&[slot(0, 8_000, 2_000)], now), None);
+        assert_eq!(unanswered_rate(&[slot(1, 0, 2_000)], now), None);
+        assert_eq!(unanswered_rate(&[], now), None);
+    }
 
     fn node_holding(resident: &[(&str, u64)], on_disk: &[&str]) -> Arc<Node> {
         let mut config = NodeConfig::new("n", "http://127.0.0.1:9");
