@@ -5,7 +5,7 @@ fleet has slots, several seeds; prints median [min-max] per cell.
 
 Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy,llama-cpp,openai]
                               [--move-cost 2] [--policies corral,hash-by-slots,...] [--time-scale 10]
-                              [--loads 1,2]
+                              [--loads 1,2] [--slots-untold]
 """
 import argparse
 import json
@@ -18,14 +18,14 @@ POLICIES = ["corral", "hash-by-slots", "least-per-slot", "random-resident"]
 SLOTS = 12  # the replay fleet's slots for the chat model (4 + 4 + 2 + 2)
 
 
-def run(bench, kind, live, seed, out, move_cost, time_scale):
+def run(bench, kind, live, seed, out, move_cost, time_scale, slots_untold):
     cmd = [
         bench, "replay", "--workload", "long-chat", "--conversations", "24",
         "--concurrency", str(live), "--turns", "4", "--prompt-tokens", "8000",
         "--node-kind", kind, "--cache-ram-tokens", "40000",
         "--policy", ",".join(POLICIES), "--seed", str(seed), "--out", out, "--no-plots",
         "--move-cost", str(move_cost), "--time-scale", str(time_scale),
-    ]
+    ] + (["--slots-untold"] if slots_untold else [])
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(f"{out}/replay.json") as f:
         report = json.load(f)
@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--time-scale", type=float, default=40.0,
                     help="real durations divided by this; lower is slower and less sensitive to the machine's load")
     ap.add_argument("--loads", default="1,2", help="live conversations per slot, e.g. 2 for only 2x")
+    ap.add_argument("--slots-untold", action="store_true",
+                    help="leave the nodes' num_parallel out of corral's configuration")
     args = ap.parse_args()
     POLICIES[:] = args.policies.split(",")
     print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | first-turn TTFT p50 ms | mean TTFT, all turns, ms | follow-ups moved | corral's prediction agrees | wrong predictions (claim->node@turn) |")
@@ -58,7 +60,8 @@ def main():
                     for p in POLICIES}
             for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as out:
-                    for p in run(args.bench, kind, live, seed, out, args.move_cost, args.time_scale):
+                    for p in run(args.bench, kind, live, seed, out, args.move_cost, args.time_scale,
+                                 args.slots_untold):
                         r = rows[p["policy"]]
                         w = p["follow_up_warm"]
                         r["warm"].append(100.0 * w["cached_tokens"] / max(1, w["prompt_tokens"]))

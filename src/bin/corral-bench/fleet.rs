@@ -168,6 +168,7 @@ impl Plan {
         if let Some(slots) = spec.node_slots {
             plan.nodes.iter_mut().for_each(|n| n.slots = slots);
         }
+        plan.tell_slots &= !spec.slots_untold;
         plan
     }
 

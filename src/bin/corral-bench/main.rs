@@ -171,6 +171,9 @@ struct ReplayArgs {
     /// Slots (`OLLAMA_NUM_PARALLEL`) of every node, instead of the fleet's own.
     #[arg(long)]
     node_slots: Option<usize>,
+    /// Leave every node's slots out of corral's configuration: it learns them from replies.
+    #[arg(long)]
+    slots_untold: bool,
     /// The real server every stand-in node follows: ollama-legacy (Ollama before 0.30),
     /// ollama (0.30.1 and later), llama-cpp, openai. corral is not told it.
     #[arg(long, default_value = "ollama-legacy")]
@@ -300,6 +303,7 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             think_secs: args.think_secs,
             seed: args.seed,
             node_slots: args.node_slots,
+            slots_untold: args.slots_untold,
         },
         seeds: args.seeds,
         scale: TimeScale(args.time_scale),

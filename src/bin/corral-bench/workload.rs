@@ -75,6 +75,8 @@ pub struct WorkloadSpec {
     pub seed: u64,
     /// Slots of every node, instead of the fleet's own.
     pub node_slots: Option<usize>,
+    /// corral's configuration leaves out every node's slots (`num_parallel`): it learns them.
+    pub slots_untold: bool,
 }
 
 /// Values given on the command line, applied to every selected workload.
@@ -89,6 +91,7 @@ pub struct Overrides {
     pub think_secs: Option<f64>,
     pub seed: Option<u64>,
     pub node_slots: Option<usize>,
+    pub slots_untold: bool,
 }
 
 impl WorkloadSpec {
@@ -109,6 +112,7 @@ impl WorkloadSpec {
             models: chat_only,
             seed: 42,
             node_slots: None,
+            slots_untold: false,
         };
         match kind {
             WorkloadKind::LongChat => base,
@@ -164,6 +168,7 @@ impl WorkloadSpec {
         self.think_secs = o.think_secs.unwrap_or(self.think_secs).max(0.0);
         self.seed = o.seed.unwrap_or(self.seed);
         self.node_slots = o.node_slots.map(|n| n.max(1)).or(self.node_slots);
+        self.slots_untold |= o.slots_untold;
         self
     }
 }
