@@ -107,7 +107,7 @@ impl Account {
             ok,
             ttfb: ctx.ttfb,
             prefill_tps: dispatch.prefill_tps(),
-            decode_tps: stats.as_ref().and_then(ReplyStats::decode_tps),
+            decode_tps: stats.as_ref().and_then(|s| dispatch.decode_tps(s)),
         });
     }
 

@@ -97,8 +97,9 @@ impl Router {
             prediction: None,
             prefill_tps: None,
             started: Instant::now(),
+            streamed: p.stream,
+            first_byte: None,
             probe: probe.then_some(believed),
-            streaming: false,
         })
     }
 
@@ -305,10 +306,13 @@ pub struct Dispatch {
     prediction: Option<Prediction>,
     prefill_tps: Option<f64>,
     started: Instant,
+    /// The client asked for a stream: the reply's first byte carries its first token.
+    streamed: bool,
+    /// Time from sending to the reply's first byte, once it came: the request then counts
+    /// in the model's `streaming` there.
+    first_byte: Option<Duration>,
     /// Sent one past the number the node was believed to run at once (that number).
     probe: Option<usize>,
-    /// Its reply has begun: counted in the model's `streaming` there.
-    streaming: bool,
 }
 
 impl Dispatch {
@@ -321,10 +325,10 @@ impl Dispatch {
     /// The reply's first byte came: it counts as streaming until the request ends, and the
     /// replies streaming beside it show how many requests the node runs at once.
     pub fn first_byte(&mut self) {
-        if self.streaming {
+        if self.first_byte.is_some() {
             return;
         }
-        self.streaming = true;
+        self.first_byte = Some(self.started.elapsed());
         let others = self.node.books(|books| {
             let state = books.models.get_mut(&self.model)?;
             state.streaming += 1;
@@ -404,12 +408,19 @@ impl Dispatch {
             }
             let state = books.models.get_mut(&self.model)?;
             let observed = measured.observed();
-            let seconds = stats.prefill_seconds();
             // The cold rate comes from replies that evaluated their whole prompt: a new
             // conversation that the node confirms cold, or any reply whose count is of
             // evaluated tokens only.
             let whole_prompt =
                 prediction.affinity == AffinityResult::New && observed != Observed::Warm;
+            // A node that does not say how long it took (OpenAI-compatible servers such as
+            // vLLM) is timed by its first streamed token, where that followed the prefill
+            // of the whole prompt and no load.
+            let timed = (whole_prompt && self.streamed && !self.reserved)
+                .then_some(self.first_byte)
+                .flatten()
+                .map(|t| t.as_secs_f64());
+            let seconds = stats.prefill_seconds().or(timed);
             // Where the count is of evaluated tokens, every reply gives the rate.
             let counts_evaluated = matches!(reading, Reading::Exact { .. })
                 || learned.unwrap_or(counting) == Counting::EvaluatedOnly;
@@ -452,6 +463,18 @@ impl Dispatch {
         Some(observation)
     }
 
+    /// The reply's decode speed: as the node reports it, else, for a streamed reply, its
+    /// tokens after the first over the time they took.
+    pub fn decode_tps(&self, stats: &ReplyStats) -> Option<f64> {
+        if let Some(tps) = stats.decode_tps() {
+            return Some(tps);
+        }
+        let first = self.first_byte.filter(|_| self.streamed)?.as_secs_f64();
+        let tokens = stats.usage.as_ref()?.completion_tokens?;
+        let after = self.started.elapsed().as_secs_f64() - first;
+        (tokens > 1 && after > 0.0).then(|| (tokens - 1) as f64 / after)
+    }
+
     /// Prefill speed measured by [`Dispatch::observe`]: evaluated tokens per second.
     pub fn prefill_tps(&self) -> Option<f64> {
         self.prefill_tps
@@ -469,6 +492,7 @@ impl Dispatch {
             return;
         }
         let own_prefill = self.prefill_tps;
+        let decode_tps = outcome.decode_tps;
         self.node.books(|books| {
             let state = books.models.entry(self.model.clone()).or_default();
             state.last_success = Some(Instant::now());
@@ -482,10 +506,10 @@ impl Dispatch {
             if let Some(tps) = outcome.prefill_tps.or(own_prefill) {
                 state.prefill_tps.record(tps);
             }
-            if let Some(tps) = outcome.decode_tps {
+            if let Some(tps) = decode_tps {
                 state.decode_tps.record(tps);
             }
-            if outcome.prefill_tps.or(own_prefill).is_some() || outcome.decode_tps.is_some() {
+            if outcome.prefill_tps.or(own_prefill).is_some() || decode_tps.is_some() {
                 state.speed_at = Some(Instant::now());
             }
         });
@@ -497,7 +521,7 @@ impl Drop for Dispatch {
         self.node.books(|books| {
             if let Some(state) = books.models.get_mut(&self.model) {
                 state.in_flight = state.in_flight.saturating_sub(1);
-                if self.streaming {
+                if self.first_byte.is_some() {
                     state.streaming = state.streaming.saturating_sub(1);
                 }
                 // Loaded (the reply's success is now the sign of it) or failed: either

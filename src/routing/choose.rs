@@ -200,9 +200,15 @@ fn spread_by_warm_room(
         return;
     };
     let fastest = Fastest::of(starts);
+    let fits = |i: usize| eligible(&ranked[i]) && settled(&ranked[i]) >= bar - 1.0;
+    // Waiting for a slot costs the first turn seconds for certain, while the cold turns it
+    // would cause elsewhere are a forecast (the conversations counted live there may have
+    // ended): where a node has a slot free, the conversation starts on one that has.
+    let free = |i: usize| (starts[i].depth as usize) < starts[i].parallel;
+    let some_free = (0..ranked.len()).any(|i| fits(i) && free(i));
     let mut best: Option<(usize, f64)> = None;
     for (i, c) in ranked.iter().enumerate() {
-        if !eligible(c) || settled(c) < bar - 1.0 {
+        if !fits(i) || (some_free && !free(i)) {
             continue;
         }
         let start = &starts[i];
@@ -621,6 +627,28 @@ mod tests {
         let p = chat("m");
         let alone = rank(&p, r, &[a.clone(), b.clone()], &w).unwrap();
         assert!(alone.iter().all(|c| c.scores.session_affinity == 0.0));
+    }
+
+    #[test]
+    fn a_new_conversation_does_not_wait_for_a_slot_while_another_node_has_one_free() {
+        let w = Weights::default();
+        let now = Instant::now();
+        let mut r = request(None, None);
+        r.now = now;
+        r.pause_s = Some(8.0);
+        // The slower node has warm room and a short forecast wait, but every slot running;
+        // the fast one would push its conversations out, but has a slot free.
+        let fast = measured(0, "fast", 4000.0, 5, 5.0, now);
+        let mut roomy = measured(1, "slower", 2000.0, 2, 5.0, now);
+        roomy.model.service_s = Some(0.001);
+        roomy.model.in_flight = 4;
+        let ranked = rank(&chat("m"), r, &[fast.clone(), roomy.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "slower"]);
+
+        // With a slot free on both, the warm room decides again.
+        roomy.model.in_flight = 3;
+        let ranked = rank(&chat("m"), r, &[fast, roomy], &w).unwrap();
+        assert_eq!(names(&ranked), ["slower", "fast"]);
     }
 
     #[test]

@@ -675,6 +675,59 @@ mod tests {
         )
     }
 
+    /// An OpenAI-compatible server's final figures: prompt tokens, cached ones and tokens
+    /// generated, no durations.
+    fn openai_usage(prompt: u64, cached: u64, generated: u64) -> String {
+        format!(
+            r#"{{"usage":{{"prompt_tokens":{prompt},"completion_tokens":{generated},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_node_that_reports_no_durations_is_timed_by_its_first_streamed_token() {
+        let rates = |r: &Arc<Router>| {
+            let node = &r.fleet.nodes()[0];
+            let books = node.lock_books();
+            let state = &books.models[MODEL];
+            (state.warm.cold_rate.get(), state.decode_tps.get())
+        };
+        let stats = ReplyStats::parse(openai_usage(2_000, 0, 11).as_bytes()).unwrap();
+        // Each step at least this long: the rates below are bounds, whatever the machine.
+        let step = Duration::from_millis(20);
+        let send = |stream: bool| {
+            let r = router(1, 1);
+            let body = serde_json::json!({
+                "model": MODEL,
+                "messages": [{ "role": "user", "content": "a new conversation" }],
+                "stream": stream,
+            });
+            let p = Profile::parse(Endpoint::OpenAiChat, body.to_string().as_bytes()).unwrap();
+            let decision = r.decide(&p).unwrap();
+            let mut d = r.try_dispatch(&r.fleet.nodes()[0], &p).unwrap();
+            r.commit(&mut d, &p, &decision);
+            std::thread::sleep(step);
+            d.first_byte();
+            std::thread::sleep(step);
+            let o = d.observe(&stats).unwrap();
+            assert_eq!(o.observed, Observed::Cold);
+            d.finish(Outcome {
+                ok: true,
+                decode_tps: d.decode_tps(&stats),
+                ..Default::default()
+            });
+            r
+        };
+        // 2,000 prompt tokens before the first token, 10 more tokens after it, each at
+        // least 20 ms.
+        let (prefill, decode) = rates(&send(true));
+        let prefill = prefill.expect("timed by its first token");
+        assert!(prefill > 0.0 && prefill <= 2_000.0 / step.as_secs_f64());
+        let decode = decode.expect("timed by the tokens after the first");
+        assert!(decode > 0.0 && decode <= 10.0 / step.as_secs_f64());
+        // Not streamed, the first byte came after the whole answer: it times nothing.
+        assert_eq!(rates(&send(false)), (None, None));
+    }
+
     #[test]
     fn on_current_ollama_a_displaced_conversation_stays_warm_in_host_memory() {
         let r = router(1, 1);
