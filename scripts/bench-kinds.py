@@ -5,10 +5,12 @@ fleet has slots, several seeds; prints median [min-max] per cell.
 
 Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy,llama-cpp,openai]
                               [--move-cost 2] [--policies corral,hash-by-slots,...] [--time-scale 10]
-                              [--loads 1,2] [--slots-untold]
+                              [--loads 1,2] [--slots-untold] [--keep DIR]
 """
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -18,7 +20,7 @@ POLICIES = ["corral", "hash-by-slots", "least-per-slot", "random-resident"]
 SLOTS = 12  # the replay fleet's slots for the chat model (4 + 4 + 2 + 2)
 
 
-def run(bench, kind, live, seed, out, move_cost, time_scale, slots_untold):
+def run(bench, kind, live, seed, out, move_cost, time_scale, slots_untold, keep):
     cmd = [
         bench, "replay", "--workload", "long-chat", "--conversations", "24",
         "--concurrency", str(live), "--turns", "4", "--prompt-tokens", "8000",
@@ -26,7 +28,15 @@ def run(bench, kind, live, seed, out, move_cost, time_scale, slots_untold):
         "--policy", ",".join(POLICIES), "--seed", str(seed), "--out", out, "--no-plots",
         "--move-cost", str(move_cost), "--time-scale", str(time_scale),
     ] + (["--slots-untold"] if slots_untold else [])
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if keep:
+        # Every turn of every policy as CSV, and the run's report, for later analysis.
+        kept = f"{keep}/{kind}-{live}-seed{seed}"
+        os.makedirs(kept, exist_ok=True)
+        env["CORRAL_BENCH_TRACE"] = kept
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    if keep:
+        shutil.copy(f"{out}/replay.json", kept)
     with open(f"{out}/replay.json") as f:
         report = json.load(f)
     return report["workloads"][0]["policies"]
@@ -49,6 +59,7 @@ def main():
     ap.add_argument("--loads", default="1,2", help="live conversations per slot, e.g. 2 for only 2x")
     ap.add_argument("--slots-untold", action="store_true",
                     help="leave the nodes' num_parallel out of corral's configuration")
+    ap.add_argument("--keep", help="keep each run's replay.json and per-turn traces under this folder")
     args = ap.parse_args()
     POLICIES[:] = args.policies.split(",")
     print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | first-turn TTFT p50 ms | mean TTFT, all turns, ms | follow-ups moved | corral's prediction agrees | wrong predictions (claim->node@turn) |")
@@ -61,7 +72,7 @@ def main():
             for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as out:
                     for p in run(args.bench, kind, live, seed, out, args.move_cost, args.time_scale,
-                                 args.slots_untold):
+                                 args.slots_untold, args.keep):
                         r = rows[p["policy"]]
                         w = p["follow_up_warm"]
                         r["warm"].append(100.0 * w["cached_tokens"] / max(1, w["prompt_tokens"]))

@@ -158,8 +158,11 @@ pub struct Node {
     ca: Option<Arc<CaType>>,
     /// A reply showed a model load here: the poller reads the node again at once.
     pub(super) poll_wanted: AtomicBool,
-    /// Slots the node showed (llama.cpp's `/props`); 0 while unknown.
+    /// Slots the node showed (llama.cpp's `/props`, or replies streaming at once); 0 while
+    /// unknown.
     learned_parallel: AtomicUsize,
+    /// The node said how many it runs (llama.cpp's `/props`): not a lower bound to probe.
+    parallel_reported: AtomicBool,
 }
 
 /// What corral keeps about a node while requests run, kept together under one lock so
@@ -252,6 +255,7 @@ impl Node {
             ca,
             poll_wanted: AtomicBool::new(false),
             learned_parallel: AtomicUsize::new(0),
+            parallel_reported: AtomicBool::new(false),
         };
         match resolved {
             Ok(addr) => {
@@ -330,7 +334,14 @@ impl Node {
     /// Records the slots the node showed itself (llama.cpp's `/props`); returns the number
     /// believed before.
     pub fn learn_parallel(&self, slots: usize) -> usize {
+        self.parallel_reported.store(true, Ordering::Relaxed);
         self.learned_parallel.swap(slots, Ordering::Relaxed)
+    }
+
+    /// Its number of requests at once is known, not a lower bound: configured, or reported
+    /// by the node itself.
+    pub fn parallel_told(&self) -> bool {
+        self.settings().num_parallel > 0 || self.parallel_reported.load(Ordering::Relaxed)
     }
 
     /// Slots the node showed, by `/props` or by running requests at once; `None` while it

@@ -52,14 +52,13 @@ impl Router {
         self.dispatch(&candidate.node, p, !candidate.resident, false)
     }
 
-    /// [`Router::try_send`] one request past the number the node is believed to run at
-    /// once, to learn whether it runs more ([`super::parallel`]); for a request that would
-    /// otherwise wait for this node. `None` when the number is configured
-    /// (`nodes[].num_parallel`) or corral no longer probes the node.
+    /// [`Router::try_send`] past the number the node is believed to run at once (up to
+    /// [`super::parallel::probe_limit`]), to learn whether it runs more; for a request that
+    /// would otherwise wait for this node. `None` when the number is configured
+    /// (`nodes[].num_parallel`) or reported by the node, or corral no longer probes it.
     pub fn try_probe(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
         let node = &candidate.node;
-        let told = node.settings().num_parallel > 0;
-        if told || !self.probes.may_probe(node.id, node.parallel()) {
+        if node.parallel_told() || !self.probes.may_probe(node.id, node.parallel()) {
             return None;
         }
         self.dispatch(node, p, !candidate.resident, true)
@@ -73,7 +72,11 @@ impl Router {
         probe: bool,
     ) -> Option<Dispatch> {
         let believed = node.parallel();
-        let limit = believed + usize::from(probe);
+        let limit = if probe {
+            super::parallel::probe_limit(believed)
+        } else {
+            believed
+        };
         let reserved = node.books(|books| {
             let state = books.models.entry(p.model_key.clone()).or_default();
             if state.in_flight as usize >= limit {
@@ -311,7 +314,8 @@ pub struct Dispatch {
     /// Time from sending to the reply's first byte, once it came: the request then counts
     /// in the model's `streaming` there.
     first_byte: Option<Duration>,
-    /// Sent one past the number the node was believed to run at once (that number).
+    /// Sent past the number the node was believed to run at once (that number), and not
+    /// yet shown to have run beside as many: a candidate for "the node queued it".
     probe: Option<usize>,
 }
 
@@ -328,20 +332,56 @@ impl Dispatch {
         if self.first_byte.is_some() {
             return;
         }
-        self.first_byte = Some(self.started.elapsed());
+        let ttfb = self.started.elapsed();
+        self.first_byte = Some(ttfb);
+        // A new conversation's first token came after its whole prompt: until some reply
+        // of the node's has reported its prefill, that is its cold rate (a little low: it
+        // includes the hop). Without it a slow node would count as fast as the fleet's best
+        // from its first token to the end of its first reply, tens of seconds on a slow
+        // node, and take every conversation that came meanwhile.
+        let first_token_rate = self
+            .prediction
+            .filter(|p| p.affinity == AffinityResult::New)
+            .filter(|_| self.streamed && !self.reserved && self.probe.is_none())
+            .map(|p| p.estimated);
         let others = self.node.books(|books| {
             let state = books.models.get_mut(&self.model)?;
             state.streaming += 1;
+            if let Some(tokens) = first_token_rate
+                && state.warm.cold_rate.get().is_none()
+            {
+                state.warm.cold_rate.record(tokens, ttfb.as_secs_f64());
+            }
             Some(state.streaming - 1)
         });
         let Some(others) = others else { return };
         let shown = super::parallel::shown_parallel(others);
         self.node.learn_parallel_at_least(shown);
-        if let Some(believed) = self.probe
-            && super::parallel::probe_queued(believed, shown)
-        {
-            self.router.probes.found_queuing(self.node.id, believed);
-        }
+        // Beside fewer than believed, it may have been queued, or a reply it ran beside may
+        // have ended first: the reply's durations tell (see `observe`).
+        self.probe = self
+            .probe
+            .filter(|&believed| super::parallel::probe_queued(believed, shown));
+    }
+
+    /// Whether a probe that began beside no more than the believed number was queued by the
+    /// node: most of its time to first byte went before the node began on it (the reply's
+    /// load, prefill and, unstreamed, generation durations), or the reply does not say.
+    fn waited_for_a_slot(&self, stats: &ReplyStats) -> bool {
+        let Some(ttfb) = self.first_byte.map(|t| t.as_secs_f64()) else {
+            return false;
+        };
+        let Some(prefill) = stats.prefill_seconds() else {
+            return true;
+        };
+        let secs = |ns: Option<u64>| ns.map_or(0.0, |ns| ns as f64 / 1e9);
+        let generation = if self.streamed {
+            0.0
+        } else {
+            secs(stats.eval_duration)
+        };
+        let worked = secs(stats.load_duration) + prefill + generation;
+        super::parallel::waited(ttfb, worked)
     }
 }
 
@@ -388,6 +428,11 @@ impl Dispatch {
     /// learns from it (the node's kind and counting, its cold prefill rate, its host
     /// cache's capacity), and sets it against what corral predicted.
     pub fn observe(&mut self, stats: &ReplyStats) -> Option<Observation> {
+        if let Some(believed) = self.probe.take()
+            && self.waited_for_a_slot(stats)
+        {
+            self.router.probes.found_queuing(self.node.id, believed);
+        }
         let prediction = self.prediction?;
         let reading = stats.reading()?;
         let node = self.node.clone();

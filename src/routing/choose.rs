@@ -56,7 +56,7 @@ pub fn rank(
         let state = &view.model;
         // Running there, and waiting in corral for it.
         let depth = state.in_flight + state.waiting;
-        let queue = signals::queue(depth, view.parallel);
+        let queue = signals::queue(depth, view.admits);
         let memory = Memory {
             need: request.need,
             total: view.memory_total,
@@ -79,8 +79,14 @@ pub fn rank(
         } else {
             Warmth::Free
         };
+        // Not measured yet, a node is no faster than its requests not yet answered show: a
+        // node ten times slower is not taken for the fleet's best while its first long
+        // prompt is still in prefill.
         let speed = Speed {
-            prefill: state.prefill_tps,
+            prefill: state
+                .prefill_tps
+                .or(state.cold_tps)
+                .or(state.cold_tps_at_most),
             decode: state.decode_tps,
         };
         let w = weights;
@@ -106,6 +112,7 @@ pub fn rank(
             cold_tps_at_most: state.cold_tps_at_most,
             service_s: state.service_s,
             parallel: view.parallel,
+            admits: view.admits,
             depth,
             live: state.live_conversations,
             room: state.warm_room,
@@ -204,7 +211,7 @@ fn spread_by_warm_room(
     // Waiting for a slot costs the first turn seconds for certain, while the cold turns it
     // would cause elsewhere are a forecast (the conversations counted live there may have
     // ended): where a node has a slot free, the conversation starts on one that has.
-    let free = |i: usize| (starts[i].depth as usize) < starts[i].parallel;
+    let free = |i: usize| (starts[i].depth as usize) < starts[i].admits;
     let some_free = (0..ranked.len()).any(|i| fits(i) && free(i));
     let mut best: Option<(usize, f64)> = None;
     for (i, c) in ranked.iter().enumerate() {
@@ -225,7 +232,7 @@ fn spread_by_warm_room(
         ) else {
             continue;
         };
-        let wait_s = stay::expected_wait(start.depth, start.parallel, service_s);
+        let wait_s = stay::expected_wait(start.depth, start.admits, service_s);
         let home = stay::Home {
             wait_s,
             cold_tps,
@@ -305,7 +312,10 @@ struct Start {
     cold_tps_at_most: Option<f64>,
     /// Seconds a request takes there, where measured.
     service_s: Option<f64>,
+    /// Requests it surely runs at once, which its capacity for live conversations is
+    /// planned on, and those corral may send it now (see [`NodeView::admits`]).
     parallel: usize,
+    admits: usize,
     depth: u32,
     /// Live conversations there, and how many its slots and host cache keep warm.
     live: u32,
@@ -316,7 +326,7 @@ impl Start {
     /// Seconds until a slot is free, where the service time is measured.
     fn wait(&self) -> Option<f64> {
         let service = self.service_s?;
-        Some(stay::expected_wait(self.depth, self.parallel, service))
+        Some(stay::expected_wait(self.depth, self.admits, service))
     }
 }
 
@@ -416,6 +426,7 @@ mod tests {
             standby: false,
             success_ratio: 1.0,
             parallel: 1,
+            admits: 1,
             resident: true,
             memory_total: Some(24 * GB),
             footprint: Footprint {
@@ -577,6 +588,7 @@ mod tests {
     fn measured(id: u16, name: &str, prefill: f64, live: u32, room: f64, now: Instant) -> NodeView {
         let mut v = view(id, name);
         v.parallel = 4;
+        v.admits = 4;
         v.model.prefill_tps = Some(prefill);
         v.model.decode_tps = Some(prefill / 60.0);
         v.model.speed_at = Some(now);
@@ -585,6 +597,26 @@ mod tests {
         v.model.live_conversations = live;
         v.model.warm_room = room;
         v
+    }
+
+    #[test]
+    fn a_node_not_measured_yet_is_no_faster_than_its_unanswered_requests_allow() {
+        let w = Weights::default();
+        let now = Instant::now();
+        let mut r = request(None, None);
+        r.now = now;
+        let fast = measured(0, "fast", 4000.0, 0, 5.0, now);
+        // Its first prompt has been in prefill for a while: at most 400 tokens a second.
+        let mut unmeasured = view(1, "unmeasured");
+        unmeasured.model.cold_tps_at_most = Some(400.0);
+        let ranked = rank(&chat("m"), r, &[unmeasured.clone(), fast.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "unmeasured"]);
+        // Ten times slower at least: nine tenths of the latency weight.
+        assert!((ranked[1].scores.latency + 0.9 * w.latency).abs() < 1e-9);
+        // Nothing known, it is taken as fast as the best.
+        unmeasured.model.cold_tps_at_most = None;
+        let ranked = rank(&chat("m"), r, &[unmeasured, fast], &w).unwrap();
+        assert_eq!(ranked.iter().map(|c| c.scores.latency).sum::<f64>(), 0.0);
     }
 
     #[test]

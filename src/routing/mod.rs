@@ -1270,4 +1270,90 @@ mod tests {
             assert_eq!(pick(&a), pick(&b));
         }
     }
+
+    #[test]
+    fn probes_double_what_a_node_not_told_its_slots_was_shown_to_run() {
+        // Not told (0): Ollama's default of 1 is believed until replies show more.
+        let r = router(1, 0);
+        let node = r.fleet.nodes()[0].clone();
+        let p = chat(&["a new conversation"]);
+        let decision = r.decide(&p).unwrap();
+        let candidate = &decision.ranked[0];
+        let counted = |r: &Arc<Router>| r.decide(&p).unwrap().ranked[0].scores.queue_depth;
+        let mut first = r.try_send(candidate, &p).expect("a slot free");
+        first.first_byte();
+        assert!(r.try_send(candidate, &p).is_none(), "believed to run one");
+        // Counted as running two while one is only a lower bound: no queue yet.
+        assert_eq!(counted(&r), 0.0);
+        let mut second = r.try_probe(candidate, &p).expect("probed");
+        assert!(r.try_probe(candidate, &p).is_none(), "two at most");
+        // Its first byte came while the first streamed: it runs two.
+        second.first_byte();
+        assert_eq!(node.parallel(), 2);
+        // Now up to four at once, in one round.
+        let mut more: Vec<Dispatch> = (0..2)
+            .map(|_| r.try_probe(candidate, &p).expect("probed"))
+            .collect();
+        assert!(r.try_probe(candidate, &p).is_none(), "four at most");
+        // The third began beside two: it runs three.
+        more[0].first_byte();
+        assert_eq!(node.parallel(), 3);
+        // The fourth began only once the first had ended, beside two: three again, which
+        // is more than it was sent past (two), so the number is still a lower bound.
+        drop(first);
+        more[1].first_byte();
+        assert_eq!(node.parallel(), 3);
+        assert_eq!(counted(&r), 0.0, "counted as running six");
+        // A probe sent past three that begins beside two: either it ran beside one that
+        // ended first, or the node queued it. Its reply's durations tell.
+        let reply = |prefill_ms: u64| {
+            let json = format!(
+                r#"{{"done":true,"prompt_eval_count":12,"prompt_eval_duration":{},"eval_count":5,"eval_duration":1000000}}"#,
+                prefill_ms * 1_000_000
+            );
+            ReplyStats::parse(json.as_bytes()).unwrap()
+        };
+        let step = Duration::from_millis(20);
+        let mut ran_at_once = r.try_probe(candidate, &p).expect("probed");
+        std::thread::sleep(step);
+        drop(second);
+        ran_at_once.first_byte();
+        // All of its time to first byte (at least 20 ms) was prefill: it ran at once.
+        ran_at_once.observe(&reply(1_000));
+        assert_eq!(counted(&r), 0.0, "still a lower bound");
+        drop(ran_at_once);
+        let mut queued = r.try_probe(candidate, &p).expect("probed");
+        std::thread::sleep(step);
+        drop(more.remove(0));
+        queued.first_byte();
+        // 20 ms or more to its first byte, 1 ms of prefill: it waited for a slot.
+        queued.observe(&reply(1));
+        assert_eq!(node.parallel(), 3);
+        // Settled at three: with three running, a fourth would wait.
+        let _third = r.try_send(candidate, &p).expect("two running, a slot free");
+        assert!(counted(&r) < 0.0, "three running on three");
+    }
+
+    #[test]
+    fn a_new_conversations_first_token_gives_the_nodes_cold_rate_before_its_reply_ends() {
+        let r = router(1, 1);
+        let node = r.fleet.nodes()[0].clone();
+        let cold_rate = || node.lock_books().models[MODEL].warm.cold_rate.get();
+        let body = serde_json::json!({
+            "model": MODEL,
+            "messages": [{ "role": "user", "content": "x".repeat(4_000) }],
+            "stream": true,
+        });
+        let p = Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap();
+        let decision = r.decide(&p).unwrap();
+        let mut d = r.try_dispatch(&node, &p).unwrap();
+        r.commit(&mut d, &p, &decision);
+        assert_eq!(cold_rate(), None);
+        let step = Duration::from_millis(20);
+        std::thread::sleep(step);
+        d.first_byte();
+        // Its whole prompt (about 1,000 tokens) in at least 20 ms.
+        let rate = cold_rate().expect("known at the first token");
+        assert!(rate > 0.0 && rate <= p.prompt_tokens as f64 / step.as_secs_f64());
+    }
 }

@@ -4,9 +4,19 @@
 //!
 //! When a request would otherwise wait in corral for its best node, corral may send it one
 //! past that belief (a probe). A reply whose first byte comes while other replies from the
-//! same node and model are still streaming proves the node ran them together; a probe whose
-//! first byte comes only when no more than the believed number were streaming shows that
-//! the node queued it instead, and after a few such probes corral stops probing that node.
+//! same node and model are still streaming proves the node ran them together. A probe whose
+//! first byte comes when no more than the believed number are streaming may have been
+//! queued by the node, or have run beside one that ended first; its reply's durations tell
+//! which ([`waited`]): most of its time to first byte passed before the node worked on it,
+//! and the node queued it. After a few such probes corral stops probing that node.
+//!
+//! Probes double: while the number is a lower bound, a node is sent up to twice what it
+//! was shown to run ([`probe_limit`]), and choosing counts it as running that many. A node
+//! with four slots shows them in two rounds of first bytes rather than three, and one that
+//! was never busy enough to be probed is not judged full at one request (a new
+//! conversation went to an idle slow node rather than to a fast one believed to have one
+//! slot). The price, on a node that runs only what it showed: one request queued there
+//! rather than in corral, once, after which the number is settled.
 
 use std::collections::HashMap;
 
@@ -17,10 +27,23 @@ const MAX_QUEUED_PROBES: u8 = 3;
 /// corral probes no further than this many requests at once per model.
 const MAX_PROBED: usize = 16;
 
-/// Whether a request may be sent one past the `believed` number of requests the node runs
+/// Whether a request may be sent past the `believed` number of requests the node runs
 /// at once, after `queued` probes there found it queuing.
 pub fn may_probe(believed: usize, queued: u8) -> bool {
     queued < MAX_QUEUED_PROBES && believed < MAX_PROBED
+}
+
+/// How many requests at once a node believed to run `believed` may be sent while probing:
+/// twice that, at most [`MAX_PROBED`], and always one more.
+pub fn probe_limit(believed: usize) -> usize {
+    (2 * believed.max(1)).min(MAX_PROBED).max(believed + 1)
+}
+
+/// Whether a reply that took `ttfb_s` to its first byte, of which the node reported
+/// `worked_s` of work (load, prefill), waited for a slot there: more than half of it
+/// went before the node began.
+pub fn waited(ttfb_s: f64, worked_s: f64) -> bool {
+    ttfb_s - worked_s > 0.5 * ttfb_s
 }
 
 /// What a reply's first byte shows, given the replies from the same node and model still
@@ -66,6 +89,17 @@ impl Probes {
         may_probe(believed, self.get(node).queued)
     }
 
+    /// Requests at once choosing counts a node as running: `believed` where that is known
+    /// (`told`, or settled by a probe) or no longer probed, else the [`probe_limit`].
+    pub fn counted(&self, node: u16, believed: usize, told: bool) -> usize {
+        let found = self.get(node);
+        if told || settled(found, believed) || !may_probe(believed, found.queued) {
+            believed
+        } else {
+            probe_limit(believed)
+        }
+    }
+
     /// See [`settled`].
     pub fn settled(&self, node: u16, believed: usize) -> bool {
         settled(self.get(node), believed)
@@ -82,6 +116,39 @@ impl Probes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_waited_when_most_of_its_first_byte_went_before_the_work() {
+        // 2 s to the first byte, 1.9 of them prefill: it ran at once.
+        assert!(!waited(2.0, 1.9));
+        // 2 s, 0.6 of them prefill: it waited 1.4 s for a slot.
+        assert!(waited(2.0, 0.6));
+        assert!(!waited(2.0, 1.0), "half is not most");
+    }
+
+    #[test]
+    fn a_probe_doubles_what_the_node_was_shown_to_run() {
+        assert_eq!(probe_limit(1), 2);
+        assert_eq!(probe_limit(2), 4);
+        assert_eq!(probe_limit(4), 8);
+        assert_eq!(probe_limit(12), MAX_PROBED, "bounded");
+        assert_eq!(probe_limit(MAX_PROBED), MAX_PROBED + 1, "one more at least");
+    }
+
+    #[test]
+    fn choosing_counts_an_unsettled_node_at_its_probe_limit() {
+        let probes = Probes::default();
+        assert_eq!(probes.counted(1, 2, false), 4, "a lower bound: probed");
+        assert_eq!(probes.counted(1, 2, true), 2, "told");
+        probes.found_queuing(1, 2);
+        assert_eq!(probes.counted(1, 2, false), 2, "settled");
+        // A reply showed three at once: a lower bound again.
+        assert_eq!(probes.counted(1, 3, false), 6);
+        for _ in 1..MAX_QUEUED_PROBES {
+            probes.found_queuing(1, 1);
+        }
+        assert_eq!(probes.counted(1, 3, false), 3, "no longer probed");
+    }
 
     #[test]
     fn probes_stop_after_a_few_found_the_node_queuing() {

@@ -73,7 +73,9 @@ pub struct Speed {
 /// Signal 4: a penalty for being slower than the fleet's best for this model, on prefill or
 /// decode, whichever is worse. Half the weight at twice as slow, never more than the
 /// weight, so a slow node still gets work when the fast ones are busy. Nothing is known of
-/// a node without history, and it is not penalized.
+/// a node without history, and it is not penalized; a speed may be an upper bound (a node
+/// not measured yet, no faster than its unanswered requests allow), which penalizes it no
+/// more than it surely deserves.
 pub fn latency(node: Speed, best: Speed, w: &Weights) -> f64 {
     fn slowdown(node: Option<f64>, best: Option<f64>) -> f64 {
         match (node, best) {

@@ -63,10 +63,12 @@ pub fn serves(parallel: usize, service_s: f64, pause_s: f64) -> Option<f64> {
 /// plus what its [`TURNS_AHEAD`] later turns will cost the node's conversations:
 ///
 /// - nothing while they all fit in its warm room;
-/// - where it is the one too many, every conversation there pays a cold prefill on each
-///   turn: a node's cache is least-recently-used, and conversations taking turns in a
-///   cache one too small push each other out in turn;
-/// - where the node is already over, only its own;
+/// - where they do not, every conversation there pays a cold prefill on each turn: a
+///   node's cache is least-recently-used, and conversations taking turns in a cache too
+///   small push each other out in turn. That holds for a node already over as much as for
+///   one this conversation would tip over: counting only its own turns there made an
+///   overfull fast node the cheapest home for every next conversation, so it never came
+///   back under its room;
 /// - a service time a turn where the node cannot serve one more without its queue growing.
 pub fn start_cost(home: Home, prompt_tokens: u32) -> Option<f64> {
     if home.cold_tps <= 0.0 {
@@ -76,10 +78,8 @@ pub fn start_cost(home: Home, prompt_tokens: u32) -> Option<f64> {
     let live = f64::from(home.live);
     let made_cold = if live + 1.0 <= home.room {
         0.0
-    } else if live <= home.room {
-        live + 1.0
     } else {
-        1.0
+        live + 1.0
     };
     let overloaded = home.serves.is_some_and(|serves| live + 1.0 > serves);
     let queued = if overloaded { home.service_s } else { 0.0 };
@@ -125,13 +125,15 @@ mod tests {
         assert_eq!(cost(home(4_000.0, 3, 5.0)), 2.0, "room to spare");
         // The sixth in a room of five: all six pay 2 s on each of their next turns.
         assert_eq!(cost(home(4_000.0, 5, 5.0)), 2.0 + TURNS_AHEAD * 6.0 * 2.0);
-        // Already over: only its own turns.
-        assert_eq!(cost(home(4_000.0, 7, 5.0)), 2.0 + TURNS_AHEAD * 2.0);
-        // A tenfold slower node with room costs more than a fast one already over, and
-        // less than tipping a fast one over.
+        // Already over: all eight, and more the further over.
+        assert_eq!(cost(home(4_000.0, 7, 5.0)), 2.0 + TURNS_AHEAD * 8.0 * 2.0);
+        assert!(cost(home(4_000.0, 8, 5.0)) > cost(home(4_000.0, 7, 5.0)));
+        // A tenfold slower node with room costs less than tipping a fast one over or
+        // adding to one already over, and more than a fast one with room.
         let slow_room = cost(home(400.0, 1, 5.0));
-        assert!(cost(home(4_000.0, 7, 5.0)) < slow_room);
         assert!(slow_room < cost(home(4_000.0, 5, 5.0)));
+        assert!(slow_room < cost(home(4_000.0, 7, 5.0)));
+        assert!(cost(home(4_000.0, 3, 5.0)) < slow_room);
         // A node that cannot serve one more pays a service time a turn.
         let busy = Home {
             serves: Some(2.5),

@@ -21,8 +21,14 @@ pub struct NodeView {
     pub standby: bool,
     /// Recent ratio of replies that were not failures.
     pub success_ratio: f64,
-    /// Requests it runs at once per model.
+    /// Requests it runs at once per model, as told or learned (surely: it may run more while
+    /// its slots are not known).
     pub parallel: usize,
+    /// Requests corral may have running there at once: `parallel`, or, while that is only a
+    /// lower bound, as many as a probe may send ([`Probes::counted`]). A queue is counted
+    /// against this, so that a node never busy enough to show its slots is not judged full
+    /// at the number it showed.
+    pub admits: usize,
     /// The model is in its memory (or loading for a request corral sent), as believed.
     pub resident: bool,
     /// Its memory in bytes, where known, and what the models believed held take of it.
@@ -74,10 +80,11 @@ impl NodeView {
             return None;
         }
         let parallel = node.parallel();
-        // Its slots are known when configured or settled by a probe; until then the number
-        // corral believes may be a lower bound, to be probed rather than worked around with
-        // another load.
-        let slots_known = settings.num_parallel > 0 || probes.settled(node.id, parallel);
+        // Its slots are known when configured, reported by the node or settled by a probe;
+        // until then the number corral believes may be a lower bound, to be probed rather
+        // than worked around with another load.
+        let told = node.parallel_told();
+        let slots_known = told || probes.settled(node.id, parallel);
         let memory_total = settings.memory_bytes();
         let (model_view, footprint, resident, success_ratio) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
@@ -94,6 +101,7 @@ impl NodeView {
             standby,
             success_ratio,
             parallel,
+            admits: probes.counted(node.id, parallel, told),
             resident,
             memory_total,
             footprint,
