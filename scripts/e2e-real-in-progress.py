@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""More conversations in progress than a fleet of real Ollama servers has slots, sent at once,
+through corral and through the baselines a careful user would pick (opt-in; not part of CI).
+
+The workload issue 9 measured on the real-Ollama kit: 8 conversations of 3 turns, 6 of them in
+progress at any time (6 clients, each holding one conversation until it ends, then taking the
+next), on 2 servers with 2 slots each. Every request streams from /api/chat; the client times
+its first token and reads `prompt_eval_count` from the final chunk (the kit's Ollama counts only
+the prompt tokens it evaluated, so a warm follow-up shows a small count).
+
+Policies, alternating run by run so the machine's drift falls on all of them alike:
+- corral: every request to corral (conf/real-ollama.yaml), which is not told the nodes' kind;
+- hash: conversation i always to node i mod 2 (a client-side hash that splits them evenly,
+  the best a hash can do here);
+- random: each request to a node drawn at random (seeded).
+
+Each run uses conversations no earlier run used (of this invocation or an earlier one: the
+prompts carry a random tag), so no run finds another's prompts cached.
+
+Usage: start two servers (../shared/real-ollama/start.sh DIR 21101 21102) and corral
+(target/debug/corral -c conf/real-ollama.yaml), then
+    scripts/e2e-real-in-progress.py [--runs 2] [--corral URL] [--nodes URL,URL]
+"""
+import argparse
+import json
+import os
+import queue
+import random
+import statistics
+import threading
+import time
+import urllib.request
+
+# A follow-up whose node evaluated at most this many prompt tokens found its prefix warm: a
+# warm one evaluates its new tokens (the last reply and question, about 75), a cold one the
+# whole conversation (600 and more).
+WARM_MAX_EVALUATED = 200
+
+
+def stream_chat(base, model, messages):
+    """One streamed /api/chat: (reply message, final chunk, response headers, seconds to the
+    first chunk, seconds in all)."""
+    body = {"model": model, "messages": messages, "stream": True, "options": {"num_predict": 16}}
+    req = urllib.request.Request(f"{base}/api/chat", data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    start = time.monotonic()
+    first = None
+    content = []
+    final = {}
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        headers = dict(resp.headers)
+        for line in resp:
+            if not line.strip():
+                continue
+            if first is None:
+                first = time.monotonic() - start
+            chunk = json.loads(line)
+            content.append(chunk.get("message", {}).get("content", ""))
+            if chunk.get("done"):
+                final = chunk
+    message = {"role": "assistant", "content": "".join(content)}
+    return message, final, headers, first, time.monotonic() - start
+
+
+# Makes this invocation's prompts unlike any earlier invocation's, which the nodes may still
+# hold in their caches.
+INVOCATION = os.urandom(4).hex()
+
+
+def conversation(run, policy, i):
+    tag = f"run {INVOCATION}-{run} {policy} conversation {i}"
+    system = f"You are assistant {tag}. " + " ".join(
+        f"Note {j} for {tag}: keep answers short and plain." for j in range(36)
+    )
+    return [{"role": "system", "content": system}, {"role": "user", "content": "Hi! Who are you?"}]
+
+
+def follow_up(turn):
+    return {
+        "role": "user",
+        "content": f"Thank you. Now question {turn}: " + " ".join(
+            f"what does word {k} of your last answer mean?" for k in range(5)
+        ),
+    }
+
+
+def run_policy(args, run, policy, rng):
+    """Runs the workload once; returns one record per turn."""
+    todo = queue.Queue()
+    for i in range(args.conversations):
+        todo.put(i)
+    records = []
+    lock = threading.Lock()
+    errors = []
+
+    def target(i):
+        if policy == "corral":
+            return args.corral
+        if policy == "hash":
+            return args.nodes[i % len(args.nodes)]
+        with lock:
+            return rng.choice(args.nodes)
+
+    def client():
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            messages = conversation(run, policy, i)
+            for turn in range(args.turns):
+                base = target(i)
+                try:
+                    message, final, headers, ttft, secs = stream_chat(base, args.model, messages)
+                except Exception as e:  # noqa: BLE001 - reported, and the run fails
+                    with lock:
+                        errors.append(f"{policy} conversation {i} turn {turn}: {e}")
+                    return
+                node = headers.get("X-Fleet-Node") or base
+                with lock:
+                    records.append({
+                        "conversation": i,
+                        "turn": turn,
+                        "node": node,
+                        "affinity": headers.get("X-Fleet-Affinity"),
+                        "evaluated": final.get("prompt_eval_count", 10**9),
+                        "ttft": ttft,
+                        "secs": secs,
+                    })
+                messages.append(message)
+                messages.append(follow_up(turn + 1))
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(args.in_progress)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - started
+    for e in errors:
+        print("  ERROR:", e)
+    return records, wall, len(errors)
+
+
+def summary(records, wall):
+    follow = [r for r in records if r["turn"] > 0]
+    evaluated = [r["evaluated"] for r in follow]
+    ttft = sorted(r["ttft"] for r in follow)
+    p90 = ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))]
+    warm = sum(e <= WARM_MAX_EVALUATED for e in evaluated)
+    out = {
+        "evaluated_mean": statistics.mean(evaluated),
+        "warm": warm,
+        "follow_ups": len(follow),
+        "ttft_p50": statistics.median(ttft),
+        "ttft_p90": p90,
+        "wall": wall,
+    }
+    predicted = [r for r in follow if r["affinity"] is not None]
+    if predicted:
+        out["agreed"] = sum(
+            (r["affinity"] in ("hit", "host")) == (r["evaluated"] <= WARM_MAX_EVALUATED)
+            for r in predicted
+        )
+    homes = {}
+    for r in records:
+        if r["turn"] == 0:
+            homes[r["node"]] = homes.get(r["node"], 0) + 1
+    out["first_turns"] = homes
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corral", default="http://127.0.0.1:11435")
+    ap.add_argument("--nodes", default="http://127.0.0.1:21101,http://127.0.0.1:21102",
+                    type=lambda s: s.split(","))
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--conversations", type=int, default=8)
+    ap.add_argument("--in-progress", type=int, default=6)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--policies", default="corral,hash,random", type=lambda s: s.split(","))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", help="write every turn's record here")
+    args = ap.parse_args()
+
+    # Load the model on every node first, so that no policy pays the load.
+    for node in args.nodes:
+        stream_chat(node, args.model, [{"role": "user", "content": "Hi"}])
+
+    rng = random.Random(args.seed)
+    results = {p: [] for p in args.policies}
+    dump = []
+    failures = 0
+    for run in range(args.runs):
+        for policy in args.policies:
+            records, wall, errors = run_policy(args, run, policy, rng)
+            failures += errors
+            s = summary(records, wall)
+            results[policy].append(s)
+            dump.append({"run": run, "policy": policy, "wall": wall, "turns": records})
+            agreed = f", prediction agreed {s['agreed']}/{s['follow_ups']}" if "agreed" in s else ""
+            print(
+                f"run {run} {policy}: follow-ups evaluated {s['evaluated_mean']:.0f} tokens on "
+                f"average, {s['warm']}/{s['follow_ups']} warm; follow-up TTFT p50 "
+                f"{s['ttft_p50']:.2f} s, p90 {s['ttft_p90']:.2f} s; wall {wall:.1f} s{agreed}; "
+                f"first turns {s['first_turns']}",
+                flush=True,
+            )
+    print()
+    print("| policy | prompt tokens evaluated per follow-up | follow-ups warm | "
+          "follow-up TTFT p50 / p90 | wall |")
+    print("| --- | --- | --- | --- | --- |")
+
+    def span(values, fmt):
+        lo, hi = min(values), max(values)
+        return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+    for policy, runs in results.items():
+        print(
+            f"| {policy} | {span([r['evaluated_mean'] for r in runs], '{:.0f}')} | "
+            f"{span([r['warm'] for r in runs], '{}')} of {runs[0]['follow_ups']} | "
+            f"{span([r['ttft_p50'] for r in runs], '{:.1f}')} s / "
+            f"{span([r['ttft_p90'] for r in runs], '{:.1f}')} s | "
+            f"{span([r['wall'] for r in runs], '{:.0f}')} s |"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dump, f, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
