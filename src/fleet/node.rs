@@ -338,10 +338,10 @@ impl Node {
         self.learned_parallel.swap(slots, Ordering::Relaxed)
     }
 
-    /// Its number of requests at once is known, not a lower bound: configured, or reported
-    /// by the node itself.
-    pub fn parallel_told(&self) -> bool {
-        self.settings().num_parallel > 0 || self.parallel_reported.load(Ordering::Relaxed)
+    /// Its number of requests at once is known, not a lower bound: configured (in
+    /// `settings`, the node's as the caller read them), or reported by the node itself.
+    pub fn parallel_told(&self, settings: &NodeConfig) -> bool {
+        settings.num_parallel > 0 || self.parallel_reported.load(Ordering::Relaxed)
     }
 
     /// Slots the node showed, by `/props` or by running requests at once; `None` while it

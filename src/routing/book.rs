@@ -58,7 +58,8 @@ impl Router {
     /// (`nodes[].num_parallel`) or reported by the node, or corral no longer probes it.
     pub fn try_probe(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
         let node = &candidate.node;
-        if node.parallel_told() || !self.probes.may_probe(node.id, node.parallel()) {
+        if node.parallel_told(&node.settings()) || !self.probes.may_probe(node.id, node.parallel())
+        {
             return None;
         }
         self.dispatch(node, p, !candidate.resident, true)

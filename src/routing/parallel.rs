@@ -74,6 +74,13 @@ pub fn settled(found: Found, believed: usize) -> bool {
     found.queued > 0 && found.limit >= believed
 }
 
+/// See [`Probes::counted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    pub known: bool,
+    pub admits: usize,
+}
+
 /// Per node, what probes found.
 #[derive(Debug, Default)]
 pub struct Probes {
@@ -89,20 +96,18 @@ impl Probes {
         may_probe(believed, self.get(node).queued)
     }
 
-    /// Requests at once choosing counts a node as running: `believed` where that is known
-    /// (`told`, or settled by a probe) or no longer probed, else the [`probe_limit`].
-    pub fn counted(&self, node: u16, believed: usize, told: bool) -> usize {
+    /// What choosing counts of a node believed to run `believed` at once: whether that is
+    /// known (`told`, or [`settled`] by a probe), and the requests it may be sent:
+    /// `believed` where known or no longer probed, else the [`probe_limit`].
+    pub fn counted(&self, node: u16, believed: usize, told: bool) -> Counted {
         let found = self.get(node);
-        if told || settled(found, believed) || !may_probe(believed, found.queued) {
+        let known = told || settled(found, believed);
+        let admits = if known || !may_probe(believed, found.queued) {
             believed
         } else {
             probe_limit(believed)
-        }
-    }
-
-    /// See [`settled`].
-    pub fn settled(&self, node: u16, believed: usize) -> bool {
-        settled(self.get(node), believed)
+        };
+        Counted { known, admits }
     }
 
     pub fn found_queuing(&self, node: u16, believed: usize) {
@@ -138,16 +143,21 @@ mod tests {
     #[test]
     fn choosing_counts_an_unsettled_node_at_its_probe_limit() {
         let probes = Probes::default();
-        assert_eq!(probes.counted(1, 2, false), 4, "a lower bound: probed");
-        assert_eq!(probes.counted(1, 2, true), 2, "told");
+        assert_eq!(
+            probes.counted(1, 2, false).admits,
+            4,
+            "a lower bound: probed"
+        );
+        assert_eq!(probes.counted(1, 2, true).admits, 2, "told");
+        assert!(probes.counted(1, 2, true).known);
         probes.found_queuing(1, 2);
-        assert_eq!(probes.counted(1, 2, false), 2, "settled");
+        assert_eq!(probes.counted(1, 2, false).admits, 2, "settled");
         // A reply showed three at once: a lower bound again.
-        assert_eq!(probes.counted(1, 3, false), 6);
+        assert_eq!(probes.counted(1, 3, false).admits, 6);
         for _ in 1..MAX_QUEUED_PROBES {
             probes.found_queuing(1, 1);
         }
-        assert_eq!(probes.counted(1, 3, false), 3, "no longer probed");
+        assert_eq!(probes.counted(1, 3, false).admits, 3, "no longer probed");
     }
 
     #[test]
@@ -168,14 +178,17 @@ mod tests {
     #[test]
     fn the_limit_is_known_once_a_probe_found_the_node_queuing_there() {
         let probes = Probes::default();
-        assert!(!probes.settled(1, 1), "1 is only a lower bound");
+        assert!(
+            !probes.counted(1, 1, false).known,
+            "1 is only a lower bound"
+        );
         probes.found_queuing(1, 1);
-        assert!(probes.settled(1, 1));
+        assert!(probes.counted(1, 1, false).known);
         // A later reply showed two at once: 2 is a lower bound again.
-        assert!(!probes.settled(1, 2));
+        assert!(!probes.counted(1, 2, false).known);
         probes.found_queuing(1, 2);
-        assert!(probes.settled(1, 2));
-        assert!(!probes.settled(2, 2), "per node");
+        assert!(probes.counted(1, 2, false).known);
+        assert!(!probes.counted(2, 2, false).known, "per node");
     }
 
     #[test]

@@ -83,8 +83,7 @@ impl NodeView {
         // Its slots are known when configured, reported by the node or settled by a probe;
         // until then the number corral believes may be a lower bound, to be probed rather
         // than worked around with another load.
-        let told = node.parallel_told();
-        let slots_known = told || probes.settled(node.id, parallel);
+        let counted = probes.counted(node.id, parallel, node.parallel_told(&settings));
         let memory_total = settings.memory_bytes();
         let (model_view, footprint, resident, success_ratio) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
@@ -101,12 +100,12 @@ impl NodeView {
             standby,
             success_ratio,
             parallel,
-            admits: probes.counted(node.id, parallel, told),
+            admits: counted.admits,
             resident,
             memory_total,
             footprint,
             loaded_context: resident_now.and_then(|r| r.context_length),
-            slots_known,
+            slots_known: counted.known,
             victim_use: None,
             model: model_view,
             settings,
