@@ -146,12 +146,12 @@ async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
         b.is_some_and(|b| b["resident"].as_array().is_some_and(|r| !r.is_empty()))
     })
     .await;
-    let warm = |affinity: String| matches!(affinity.as_str(), "hit" | "host");
-
-    // One follow-up runs on a (depth one: a still leads by 7.3)...
+    // One follow-up runs on a (depth one: a still leads by 7.3). a saved conversations 0
+    // and 1 from its one slot; no reply has shown its cache's limit yet, so corral sends 0
+    // back to a (only a may hold it) but expects only the newest saved kept: `miss`.
     let d = hold_turns(&router, &convs[0], 200).await;
     assert_eq!(header(&d, "x-fleet-node"), "a");
-    assert!(warm(header(&d, "x-fleet-affinity")));
+    assert_eq!(header(&d, "x-fleet-affinity"), "miss");
     // ...and a second waits in corral for a's one slot (depth two)...
     let waiter = client()
         .post(format!("{}/api/chat", router.url()))
@@ -187,7 +187,15 @@ async fn pinned_node_with_a_queue_loses_to_an_idle_peer() {
         "a",
         "it waited for its warm node"
     );
-    assert!(warm(header(&waited, "x-fleet-affinity")));
+    // a kept it in host memory, beyond what corral expected of a cache whose limit no
+    // reply has shown (the first follow-up was cut off before its reply could show it).
+    assert_eq!(header(&waited, "x-fleet-affinity"), "miss");
+    waited.bytes().await.unwrap();
+    let follow_ups = nodes[0].log().split_off(3);
+    assert!(
+        !follow_ups.is_empty() && follow_ups.iter().all(|r| r.cached_tokens > 0),
+        "a served its follow-ups from cache: {follow_ups:?}"
+    );
 }
 
 #[tokio::test]

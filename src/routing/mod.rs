@@ -66,6 +66,9 @@ pub struct Pin {
     pub continues: bool,
     /// The prefix is not in a slot but saved in the node's host-memory prompt cache.
     pub in_host: bool,
+    /// corral expects the node to hold it still ([`warm::HostPlace::expected`]): always in
+    /// a slot; in the host cache, by what replies have shown of its capacity.
+    pub expected: bool,
 }
 
 /// A conversation found in a node's host-cache mirror, warm or not by the learned capacity:
@@ -109,7 +112,7 @@ pub enum AffinityResult {
     Hit,
     /// Sent to the node holding it in its host-memory prompt cache.
     Host,
-    /// A follow-up sent where its prefix is not warm.
+    /// A follow-up sent where its prefix is not expected warm.
     Miss,
     /// Nothing to be warm yet.
     New,
@@ -183,6 +186,8 @@ impl Decision {
     /// The affinity result if the request goes to the node with this id.
     pub fn affinity_for(&self, node: u16) -> AffinityResult {
         match self.pin {
+            // Sent to its node, the only one that may hold it, but expected cold there.
+            Some(pin) if pin.node == node && !pin.expected => AffinityResult::Miss,
             Some(pin) if pin.node == node && pin.in_host => AffinityResult::Host,
             Some(pin) if pin.node == node => AffinityResult::Hit,
             Some(_) => AffinityResult::Miss,
@@ -334,6 +339,7 @@ impl Router {
             };
             let node = self.fleet.node(entry.node);
             let found = node.and_then(|node| {
+                let slots = node.parallel();
                 node.books(|books| {
                     let host_allowed = books.kind.host_cache != Some(false);
                     let state = books.models.get(&p.model_key)?;
@@ -343,13 +349,13 @@ impl Router {
                         .find(|s| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
                         .map(|s| Place::Slot(s.depth));
                     in_slot.or_else(|| {
-                        let place = state.warm.host.place(entry.lineage, peer_capacity)?;
+                        let place = (state.warm.host).place(entry.lineage, peer_capacity, slots)?;
                         Some(Place::Host(place, host_allowed))
                     })
                 })
             });
-            let (slot_depth, in_host) = match found {
-                Some(Place::Slot(slot_depth)) => (slot_depth, false),
+            let (slot_depth, in_host, expected) = match found {
+                Some(Place::Slot(slot_depth)) => (slot_depth, false, true),
                 Some(Place::Host(place, allowed)) => {
                     if probe.is_none() {
                         probe = Some(HostProbe {
@@ -362,7 +368,7 @@ impl Router {
                         went_cold = true;
                         continue;
                     }
-                    (place.depth, true)
+                    (place.depth, true, place.expected)
                 }
                 None => {
                     self.affinity.remove(hash);
@@ -376,6 +382,7 @@ impl Router {
                 depth,
                 continues: slot_depth == depth,
                 in_host,
+                expected,
             };
             return (Some(pin), went_cold, probe);
         }
@@ -802,13 +809,16 @@ mod tests {
             serve(&r, &chat(&[c, "r", &long]), 0);
         }
         // a, b, c saved (oldest first); d in the slot. "a" is the deepest: it needs the
-        // cache to hold all three. The node says it was cold.
+        // cache to hold all three. Nothing is known lost, so it goes to its node; but with
+        // no limit shown yet, a cache is expected to keep as many as the node has slots,
+        // and two were saved after it. The node says it was cold.
         let a = chat(&["a", "r", &long, "reply", "more"]);
         let d = r.decide(&a).unwrap();
-        assert_eq!(d.affinity_for(0), AffinityResult::Host);
+        assert_eq!(d.pin.map(|p| (p.node, p.in_host)), Some((0, true)));
+        assert_eq!(d.affinity_for(0), AffinityResult::Miss);
         let needed_a = d.probe.unwrap().needed;
         let o = serve_replying(&r, &a, 0, &llama_cpp_reply(0, 120));
-        assert_eq!((o.observed, o.agrees()), (Observed::Cold, Some(false)));
+        assert_eq!((o.observed, o.agrees()), (Observed::Cold, Some(true)));
         let node = &r.fleet.nodes()[0];
         let capacity = node.lock_books().models[MODEL].warm.host.capacity();
         // Below what "a" needed, no lower than one conversation (a third of it here).
@@ -847,13 +857,16 @@ mod tests {
         // Each node saved three conversations; the oldest needs all three kept.
         let on_0 = chat(&["a0", "r", &long, "reply", "more"]);
         let on_1 = chat(&["a1", "r", &long, "reply", "more"]);
+        // Nothing known yet: kept on its node, but three deep on one slot, expected cold.
         let d = r.decide(&on_1).unwrap();
-        assert_eq!(d.affinity_for(1), AffinityResult::Host, "nothing known yet");
+        assert_eq!(d.pin.map(|p| p.node), Some(1));
+        assert_eq!(d.affinity_for(1), AffinityResult::Miss);
         // Node 0's reply shows its cache did not keep its oldest.
         let o = serve_replying(&r, &on_0, 0, &llama_cpp_reply(0, 120));
         assert_eq!(o.observed, Observed::Cold);
         // Node 1, as deep, is now taken to have lost it too, and is still probed...
         let d = r.decide(&on_1).unwrap();
+        assert_eq!(d.pin, None);
         assert_eq!(d.affinity_for(1), AffinityResult::Miss);
         assert_eq!(d.probe.map(|p| p.node), Some(1));
         // ...so that its own reply decides: it kept it, and nothing shallower is doubted.

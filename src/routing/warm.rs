@@ -256,8 +256,12 @@ pub struct HostPlace {
     /// Tokens of it and of every conversation saved after it: what the cache must hold
     /// for it to be still there.
     pub needed: u64,
-    /// Whether the learned capacity holds that much.
+    /// Whether the learned capacity holds that much: not known to be lost.
     pub warm: bool,
+    /// Whether corral expects it there ([`HostCache::expects`]): routing follows `warm`
+    /// (the node is the only one that may still hold it), the prediction checked against
+    /// the reply follows this.
+    pub expected: bool,
 }
 
 impl HostCache {
@@ -345,20 +349,36 @@ impl HostCache {
         Some(entry)
     }
 
-    pub fn place(&self, lineage: u64, peers: Option<u64>) -> Option<HostPlace> {
+    pub fn place(&self, lineage: u64, peers: Option<u64>, slots: usize) -> Option<HostPlace> {
         let capacity = self.capacity_with(peers);
         let mut needed = 0;
-        for e in self.entries.iter().rev() {
+        for (newer, e) in self.entries.iter().rev().enumerate() {
             needed += e.tokens;
             if e.lineage == lineage {
                 return Some(HostPlace {
                     depth: e.depth,
                     needed,
                     warm: capacity.holds(needed),
+                    expected: self.expects(capacity, needed, newer, slots),
                 });
             }
         }
         None
+    }
+
+    /// Whether corral expects the cache to keep a conversation that needs `needed` tokens
+    /// of it, with `newer` conversations saved after it. Before a reply has shown a limit,
+    /// nothing is known lost, but a cache is expected to keep only as many as the node has
+    /// `slots` (what [`Survey::has_room`] plans on), or as much as replies found warm or it
+    /// surely keeps: a cache larger than that shows itself by warm replies, one smaller by
+    /// a cold one.
+    fn expects(&self, capacity: Capacity, needed: u64, newer: usize, slots: usize) -> bool {
+        match capacity {
+            Capacity::Unbounded => {
+                newer < slots || needed <= self.warm_floor.max(self.largest_saved)
+            }
+            Capacity::Tokens(tokens) => needed <= tokens,
+        }
     }
 
     /// One pass over the saved conversations, newest first, for a decision: the copies of
@@ -673,6 +693,35 @@ mod tests {
     }
 
     #[test]
+    fn before_a_limit_is_shown_only_the_newest_saved_are_expected_warm() {
+        let mut h = HostCache::default();
+        for lineage in 1..=3 {
+            h.save(entry(lineage, 100));
+        }
+        // Nothing is known lost, but on a node of 2 slots only the 2 newest are expected.
+        let expected = |h: &HostCache, lineage| {
+            let place = h.place(lineage, None, 2).unwrap();
+            assert!(place.warm, "not known lost");
+            place.expected
+        };
+        assert!(expected(&h, 3) && expected(&h, 2));
+        assert!(!expected(&h, 1), "two saved after it");
+        // A reply found it warm 300 tokens deep: as deep is expected now.
+        h.learn(300, Observed::Warm);
+        assert_eq!(h.capacity(), Capacity::Unbounded);
+        assert!(expected(&h, 1));
+        // Once replies show a capacity (300 to 400 tokens), it alone decides.
+        h.learn(400, Observed::Cold);
+        h.save(entry(4, 100));
+        assert!(
+            h.place(2, None, 1).unwrap().expected,
+            "300 tokens deep, whatever the slots"
+        );
+        let lost = h.place(1, None, 2).unwrap();
+        assert!(!lost.warm && !lost.expected, "400 tokens deep");
+    }
+
+    #[test]
     fn until_its_own_replies_show_a_limit_a_cache_keeps_what_its_peers_keep() {
         let mut h = HostCache::default();
         h.save(entry(1, 100));
@@ -680,9 +729,9 @@ mod tests {
         h.save(entry(3, 300));
         // Conversation 1 needs 600 tokens of cache: warm with nothing known, cold by a
         // peer that was shown to keep 500.
-        assert!(h.place(1, None).unwrap().warm);
-        assert!(!h.place(1, Some(500)).unwrap().warm);
-        assert!(h.place(2, Some(500)).unwrap().warm);
+        assert!(h.place(1, None, 4).unwrap().warm);
+        assert!(!h.place(1, Some(500), 4).unwrap().warm);
+        assert!(h.place(2, Some(500), 4).unwrap().warm);
         assert_eq!(
             h.room(4, Some(600), 0),
             3.0,
@@ -711,7 +760,7 @@ mod tests {
         h.save(entry(2, 9_000));
         // Conversation 2, the newest saved, comes back cold: llama-server keeps at least
         // a context's worth of tokens, so it was lost some other way, not for want of room.
-        h.learn(h.place(2, None).unwrap().needed, Observed::Cold);
+        h.learn(h.place(2, None, 4).unwrap().needed, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Unbounded);
         assert_eq!(h.shown_limit(), None);
         // A cold reply deeper than that is a limit, learned no lower than what one holds.
@@ -746,18 +795,18 @@ mod tests {
         h.save(entry(1, 100));
         h.save(entry(2, 200));
         h.save(entry(3, 300));
-        assert_eq!(h.place(3, None).map(|p| p.needed), Some(300));
-        assert_eq!(h.place(1, None).map(|p| p.needed), Some(600));
+        assert_eq!(h.place(3, None, 4).map(|p| p.needed), Some(300));
+        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(600));
         assert!(
-            h.place(1, None).unwrap().warm,
+            h.place(1, None, 4).unwrap().warm,
             "unbounded until a reply shows a limit"
         );
         // Saving again moves it to the newest end.
         h.save(entry(1, 120));
-        assert_eq!(h.place(1, None).map(|p| p.needed), Some(120));
-        assert_eq!(h.place(2, None).map(|p| p.needed), Some(620));
+        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(120));
+        assert_eq!(h.place(2, None, 4).map(|p| p.needed), Some(620));
         assert_eq!(h.take(2).map(|e| e.tokens), Some(200));
-        assert_eq!(h.place(2, None), None);
+        assert_eq!(h.place(2, None, 4), None);
         assert_eq!(h.len(), 2);
     }
 
@@ -819,13 +868,13 @@ mod tests {
         // Copied again unchanged (an idle slot's copy): skipped, as llama-server skips a
         // prompt its cache contains whole, so 1 stays the oldest.
         h.save(entry(1, 100));
-        assert_eq!(h.place(1, None).map(|p| p.needed), Some(200));
+        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(200));
         // Grown by a turn: saved as the newest.
         h.save(HostEntry {
             depth: 5,
             ..entry(1, 150)
         });
-        assert_eq!(h.place(1, None).map(|p| p.needed), Some(150));
+        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(150));
         assert_eq!(h.len(), 2);
     }
 
@@ -838,16 +887,19 @@ mod tests {
         // Conversation 2 needed 400 tokens and came back cold: the cache holds fewer, and
         // with nothing found warm yet, corral takes the middle of what is possible: from
         // the largest conversation it saved (100) to 399.
-        h.learn(h.place(2, None).unwrap().needed, Observed::Cold);
+        h.learn(h.place(2, None, 4).unwrap().needed, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Tokens(249));
-        assert!(!h.place(2, None).unwrap().warm);
-        assert!(!h.place(3, None).unwrap().warm, "300 tokens deep");
-        assert!(h.place(4, None).unwrap().warm, "200 tokens deep still fits");
+        assert!(!h.place(2, None, 4).unwrap().warm);
+        assert!(!h.place(3, None, 4).unwrap().warm, "300 tokens deep");
+        assert!(
+            h.place(4, None, 4).unwrap().warm,
+            "200 tokens deep still fits"
+        );
         // Conversation 1, 500 deep, was warm after all, against one cold reply at 400:
         // each capacity misjudges one reply, and the largest (none) wins.
-        h.learn(h.place(1, None).unwrap().needed, Observed::Warm);
+        h.learn(h.place(1, None, 4).unwrap().needed, Observed::Warm);
         assert_eq!(h.capacity(), Capacity::Unbounded);
-        assert!(h.place(2, None).unwrap().warm);
+        assert!(h.place(2, None, 4).unwrap().warm);
         // An unknown verdict teaches nothing.
         h.learn(50, Observed::Unknown);
         assert_eq!(h.capacity(), Capacity::Unbounded);
@@ -882,6 +934,6 @@ mod tests {
         // The old runner keeps nothing: no saved conversation is warm.
         let mut none = HostCache::none();
         none.save(entry(9, 10));
-        assert!(!none.place(9, None).unwrap().warm);
+        assert!(!none.place(9, None, 4).unwrap().warm);
     }
 }
