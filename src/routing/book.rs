@@ -488,6 +488,7 @@ impl Dispatch {
             let shown = match prediction.probe {
                 Some(probe) if books.kind.host_cache != Some(false) => {
                     state.warm.host.learn(probe.needed, observed);
+                    state.warm.host.learn_kept(probe.newer as usize, observed);
                     Some(state.warm.host.shown_limit())
                 }
                 _ => None,

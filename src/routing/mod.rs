@@ -77,6 +77,8 @@ pub struct Pin {
 pub struct HostProbe {
     pub node: u16,
     pub needed: u64,
+    /// Conversations saved after it (u32: a dispatch carries this, and stays small).
+    pub newer: u32,
 }
 
 pub struct Candidate {
@@ -361,6 +363,7 @@ impl Router {
                         probe = Some(HostProbe {
                             node: entry.node,
                             needed: place.needed,
+                            newer: u32::try_from(place.newer).unwrap_or(u32::MAX),
                         });
                     }
                     if !(place.warm && allowed) {

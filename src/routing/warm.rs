@@ -198,6 +198,9 @@ pub struct HostCache {
     limit_shown: bool,
     /// The deepest conversation `seen` found warm: the cache holds at least this much.
     warm_floor: u64,
+    /// The most conversations a reply showed the cache keeping: one found warm and those
+    /// saved after it.
+    kept_seen: usize,
     /// The largest conversation saved: llama-server's cache keeps at least a context's
     /// worth of tokens (`server_prompt_cache::update`: never fewer than `n_ctx`), so at
     /// least this much.
@@ -256,6 +259,8 @@ pub struct HostPlace {
     /// Tokens of it and of every conversation saved after it: what the cache must hold
     /// for it to be still there.
     pub needed: u64,
+    /// Conversations saved after it.
+    pub newer: usize,
     /// Whether the learned capacity holds that much: not known to be lost.
     pub warm: bool,
     /// Whether corral expects it there ([`HostCache::expects`]): routing follows `warm`
@@ -281,6 +286,7 @@ impl HostCache {
             seen: VecDeque::new(),
             limit_shown: true,
             warm_floor: 0,
+            kept_seen: 0,
             largest_saved: 0,
         }
     }
@@ -358,6 +364,7 @@ impl HostCache {
                 return Some(HostPlace {
                     depth: e.depth,
                     needed,
+                    newer,
                     warm: capacity.holds(needed),
                     expected: self.expects(capacity, needed, newer, slots),
                 });
@@ -368,14 +375,15 @@ impl HostCache {
 
     /// Whether corral expects the cache to keep a conversation that needs `needed` tokens
     /// of it, with `newer` conversations saved after it. Before a reply has shown a limit,
-    /// nothing is known lost, but a cache is expected to keep only as many as the node has
-    /// `slots` (what [`Survey::has_room`] plans on), or as much as replies found warm or it
-    /// surely keeps: a cache larger than that shows itself by warm replies, one smaller by
-    /// a cold one.
+    /// nothing is known lost, but a cache is expected to keep only as many conversations as
+    /// the node has `slots` (what [`Survey::has_room`] plans on) or as replies showed it
+    /// keeping, or as many tokens as replies found warm or it surely keeps: a cache larger
+    /// than that shows itself by warm replies, one smaller by a cold one.
     fn expects(&self, capacity: Capacity, needed: u64, newer: usize, slots: usize) -> bool {
         match capacity {
             Capacity::Unbounded => {
-                newer < slots || needed <= self.warm_floor.max(self.largest_saved)
+                newer < slots.max(self.kept_seen)
+                    || needed <= self.warm_floor.max(self.largest_saved)
             }
             Capacity::Tokens(tokens) => needed <= tokens,
         }
@@ -441,6 +449,14 @@ impl HostCache {
             .map(|&(needed, _)| needed)
             .max()
             .unwrap_or(0);
+    }
+
+    /// What a reply showed of a conversation with `newer` conversations saved after it: found
+    /// warm, the cache keeps at least that many more.
+    pub fn learn_kept(&mut self, newer: usize, observed: Observed) {
+        if observed == Observed::Warm {
+            self.kept_seen = self.kept_seen.max(newer + 1);
+        }
     }
 
     /// Forgets every saved conversation (the model unloaded); the capacity stays learned.
@@ -706,6 +722,19 @@ mod tests {
         };
         assert!(expected(&h, 3) && expected(&h, 2));
         assert!(!expected(&h, 1), "two saved after it");
+        // A reply found one warm with two saved after it: as deep by count is expected now,
+        // though one has grown since.
+        let mut grown = h.clone();
+        grown.learn_kept(2, Observed::Warm);
+        grown.save(HostEntry {
+            depth: 5,
+            ..entry(1, 150)
+        });
+        grown.learn_kept(5, Observed::Cold);
+        assert!(
+            expected(&grown, 2),
+            "two saved after it, and two kept that deep"
+        );
         // A reply found it warm 300 tokens deep: as deep is expected now.
         h.learn(300, Observed::Warm);
         assert_eq!(h.capacity(), Capacity::Unbounded);
