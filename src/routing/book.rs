@@ -487,8 +487,7 @@ impl Dispatch {
             // What an old runner's replies show says nothing of a host cache: it has none.
             let shown = match prediction.probe {
                 Some(probe) if books.kind.host_cache != Some(false) => {
-                    state.warm.host.learn(probe.needed, observed);
-                    state.warm.host.learn_kept(probe.newer as usize, observed);
+                    (state.warm.host).learn(probe.needed, probe.newer as usize, observed);
                     Some(state.warm.host.shown_limit())
                 }
                 _ => None,

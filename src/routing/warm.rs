@@ -385,7 +385,7 @@ impl HostCache {
                 newer < slots.max(self.kept_seen)
                     || needed <= self.warm_floor.max(self.largest_saved)
             }
-            Capacity::Tokens(tokens) => needed <= tokens,
+            Capacity::Tokens(_) => capacity.holds(needed),
         }
     }
 
@@ -423,16 +423,20 @@ impl HostCache {
     }
 
     /// Corrects the capacity with what a reply showed of a conversation that needed
-    /// `needed` tokens of cache. The capacity is the one that explains the recent replies
+    /// `needed` tokens of cache, with `newer` conversations saved after it. The capacity is the one that explains the recent replies
     /// best (fewest found warm beyond it or cold within it; see [`best_capacity`]): one odd
     /// reply (a prompt counted differently, a slot chosen otherwise) moves it only as far as
     /// the evidence as a whole allows.
-    pub fn learn(&mut self, needed: u64, observed: Observed) {
+    pub fn learn(&mut self, needed: u64, newer: usize, observed: Observed) {
         let warm = match observed {
             Observed::Warm => true,
             Observed::Cold => false,
             Observed::Unknown => return,
         };
+        if warm {
+            // It and the `newer` conversations saved after it were all kept.
+            self.kept_seen = self.kept_seen.max(newer + 1);
+        }
         // Cold within what the cache surely keeps: the conversation was lost otherwise
         // (the mirror and the node disagree about what was saved), not for want of room.
         if !warm && needed <= self.largest_saved {
@@ -449,14 +453,6 @@ impl HostCache {
             .map(|&(needed, _)| needed)
             .max()
             .unwrap_or(0);
-    }
-
-    /// What a reply showed of a conversation with `newer` conversations saved after it: found
-    /// warm, the cache keeps at least that many more.
-    pub fn learn_kept(&mut self, newer: usize, observed: Observed) {
-        if observed == Observed::Warm {
-            self.kept_seen = self.kept_seen.max(newer + 1);
-        }
     }
 
     /// Forgets every saved conversation (the model unloaded); the capacity stays learned.
@@ -725,22 +721,22 @@ mod tests {
         // A reply found one warm with two saved after it: as deep by count is expected now,
         // though one has grown since.
         let mut grown = h.clone();
-        grown.learn_kept(2, Observed::Warm);
+        grown.learn(0, 2, Observed::Warm);
         grown.save(HostEntry {
             depth: 5,
             ..entry(1, 150)
         });
-        grown.learn_kept(5, Observed::Cold);
+        grown.learn(0, 5, Observed::Cold);
         assert!(
             expected(&grown, 2),
             "two saved after it, and two kept that deep"
         );
         // A reply found it warm 300 tokens deep: as deep is expected now.
-        h.learn(300, Observed::Warm);
+        h.learn(300, 0, Observed::Warm);
         assert_eq!(h.capacity(), Capacity::Unbounded);
         assert!(expected(&h, 1));
         // Once replies show a capacity (300 to 400 tokens), it alone decides.
-        h.learn(400, Observed::Cold);
+        h.learn(400, 0, Observed::Cold);
         h.save(entry(4, 100));
         assert!(
             h.place(2, None, 1).unwrap().expected,
@@ -768,11 +764,11 @@ mod tests {
         );
         assert!(!has_room(&h, 100, 4, Some(600)));
         // Its own replies found 600 tokens warm: never less than that.
-        h.learn(600, Observed::Warm);
+        h.learn(600, 0, Observed::Warm);
         assert_eq!(h.capacity_with(Some(500)), Capacity::Tokens(600));
         assert_eq!(h.shown_limit(), None, "no limit of its own to share");
         // Once they find one cold, its own evidence alone decides.
-        h.learn(650, Observed::Cold);
+        h.learn(650, 0, Observed::Cold);
         assert_eq!(h.capacity_with(Some(10_000)), Capacity::Tokens(624));
         assert_eq!(h.shown_limit(), Some(624));
         // A node that has none shares nothing, whatever its peers keep.
@@ -789,11 +785,11 @@ mod tests {
         h.save(entry(2, 9_000));
         // Conversation 2, the newest saved, comes back cold: llama-server keeps at least
         // a context's worth of tokens, so it was lost some other way, not for want of room.
-        h.learn(h.place(2, None, 4).unwrap().needed, Observed::Cold);
+        h.learn(h.place(2, None, 4).unwrap().needed, 0, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Unbounded);
         assert_eq!(h.shown_limit(), None);
         // A cold reply deeper than that is a limit, learned no lower than what one holds.
-        h.learn(17_000, Observed::Cold);
+        h.learn(17_000, 0, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Tokens(9_000 + (16_999 - 9_000) / 2));
     }
 
@@ -916,7 +912,7 @@ mod tests {
         // Conversation 2 needed 400 tokens and came back cold: the cache holds fewer, and
         // with nothing found warm yet, corral takes the middle of what is possible: from
         // the largest conversation it saved (100) to 399.
-        h.learn(h.place(2, None, 4).unwrap().needed, Observed::Cold);
+        h.learn(h.place(2, None, 4).unwrap().needed, 0, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Tokens(249));
         assert!(!h.place(2, None, 4).unwrap().warm);
         assert!(!h.place(3, None, 4).unwrap().warm, "300 tokens deep");
@@ -926,20 +922,24 @@ mod tests {
         );
         // Conversation 1, 500 deep, was warm after all, against one cold reply at 400:
         // each capacity misjudges one reply, and the largest (none) wins.
-        h.learn(h.place(1, None, 4).unwrap().needed, Observed::Warm);
+        h.learn(h.place(1, None, 4).unwrap().needed, 0, Observed::Warm);
         assert_eq!(h.capacity(), Capacity::Unbounded);
         assert!(h.place(2, None, 4).unwrap().warm);
         // An unknown verdict teaches nothing.
-        h.learn(50, Observed::Unknown);
+        h.learn(50, 0, Observed::Unknown);
         assert_eq!(h.capacity(), Capacity::Unbounded);
         // More cold replies at 400 and 450 outweigh the one warm reply at 500.
-        h.learn(400, Observed::Cold);
-        h.learn(450, Observed::Cold);
+        h.learn(400, 0, Observed::Cold);
+        h.learn(450, 0, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Tokens(249));
         // Warm replies within, cold beyond: the boundary lies between them.
         let mut h = HostCache::default();
         for (needed, warm) in [(100, true), (300, true), (700, false), (900, false)] {
-            h.learn(needed, if warm { Observed::Warm } else { Observed::Cold });
+            h.learn(
+                needed,
+                0,
+                if warm { Observed::Warm } else { Observed::Cold },
+            );
         }
         assert_eq!(
             h.capacity(),
@@ -957,7 +957,7 @@ mod tests {
             "no limit shown: as many as the slots"
         );
         assert!(!has_room(&room, 10, 3, None));
-        room.learn(400, Observed::Cold);
+        room.learn(400, 0, Observed::Cold);
         assert_eq!(room.capacity(), Capacity::Tokens(249));
         assert!(has_room(&room, 49, 4, None) && !has_room(&room, 50, 4, None));
         // The old runner keeps nothing: no saved conversation is warm.
