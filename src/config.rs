@@ -436,6 +436,13 @@ impl Config {
             if !names.insert(node.name.as_str()) {
                 return Err(format!("{at}.name: '{}' is used twice", node.name));
             }
+            // Every reply names its node in `X-Fleet-Node`.
+            if http::HeaderValue::from_str(&node.name).is_err() {
+                return Err(format!(
+                    "{at}.name: '{}' has characters an HTTP header cannot carry",
+                    node.name.escape_debug()
+                ));
+            }
             node.target().map_err(|e| format!("{at}.url: {e}"))?;
             if let Some(gb) = node.memory_gb
                 && !(gb.is_finite() && gb > 0.0)
@@ -640,6 +647,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("num_parallel"), "{err}");
+        let err =
+            Config::from_yaml("nodes:\n  - {name: \"a\\nb\", url: 'http://x:1'}\n").unwrap_err();
+        assert!(
+            err.contains("nodes[0].name") && err.contains("HTTP header"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -56,12 +56,12 @@ impl Checker {
         };
         let host = node.host_header();
         let spare = self.spare.lock().pop();
-        let mut probe = match (spare, request(&host)) {
+        let mut probe = match (spare, request(host)) {
             (Some(mut probe), Ok(req)) => {
                 probe.req = req;
                 probe
             }
-            _ => HttpHealthCheck::new(&host, peer.is_tls()),
+            _ => HttpHealthCheck::new(host, peer.is_tls()),
         };
         // The node's own peer: its SNI, its roots (`ca_file`) and the connect timeout.
         probe.peer_template = peer;

@@ -101,7 +101,7 @@ impl NodeClient {
 
 fn request(node: &Node, path: &str) -> PingoraResult<RequestHeader> {
     let mut request = RequestHeader::build("GET", path.as_bytes(), None)?;
-    request.insert_header("Host", node.host_header())?;
+    request.insert_header("Host", node.host_value().clone())?;
     request.insert_header("Accept", "application/json")?;
     request.insert_header("Connection", "close")?;
     request.insert_header("User-Agent", "corral")?;

@@ -1,6 +1,6 @@
 //! One node of the fleet and what corral knows about it.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -139,7 +139,12 @@ pub struct Node {
     /// Stable for the node's life, never reused: affinity entries name nodes by it.
     pub id: u16,
     name: String,
+    /// The name as the `X-Fleet-Node` value of every reply it serves, made once.
+    name_value: http::HeaderValue,
     url: String,
+    /// The `Host` header of requests to it, made once: `host:port`.
+    host: String,
+    host_value: http::HeaderValue,
     /// Memory, roles, parallel slots: may change on a configuration reload.
     settings: ArcSwap<NodeConfig>,
     /// Where the node is reached, from its URL.
@@ -237,6 +242,18 @@ impl Node {
             _ => None,
         };
         let resolved = target.resolve_blocking();
+        let host = if target.host.contains(':') {
+            // An IPv6 address is bracketed in a Host header.
+            format!("[{}]:{}", target.host, target.port)
+        } else {
+            format!("{}:{}", target.host, target.port)
+        };
+        let value = |text: &str, what: &str| {
+            http::HeaderValue::from_str(text)
+                .map_err(|_| format!("{what} '{text}' cannot be an HTTP header value"))
+        };
+        let name_value = value(&config.name, "name")?;
+        let host_value = value(&host, "host")?;
         let books = Books {
             kind: KindState::configured(config.kind),
             ..Books::default()
@@ -244,7 +261,10 @@ impl Node {
         let node = Node {
             id,
             name: config.name.clone(),
+            name_value,
             url: config.url.clone(),
+            host,
+            host_value,
             settings: ArcSwap::from_pointee(config),
             target,
             resolved: ArcSwapOption::empty(),
@@ -404,14 +424,18 @@ impl Node {
     }
 
     /// The `Host` header for requests to the node.
-    pub fn host_header(&self) -> String {
-        let t = &self.target;
-        if t.host.contains(':') {
-            // An IPv6 address is bracketed in a Host header.
-            format!("[{}]:{}", t.host, t.port)
-        } else {
-            format!("{}:{}", t.host, t.port)
-        }
+    pub fn host_header(&self) -> &str {
+        &self.host
+    }
+
+    /// [`Node::host_header`] as a header value.
+    pub fn host_value(&self) -> &http::HeaderValue {
+        &self.host_value
+    }
+
+    /// The node's name as a header value (`X-Fleet-Node`).
+    pub fn name_value(&self) -> &http::HeaderValue {
+        &self.name_value
     }
 
     /// Installs a fresh inventory. Slots of models that the node no longer holds are

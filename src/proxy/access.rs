@@ -50,6 +50,10 @@ pub fn client_key<'c>(config: &'c Config, req: &RequestHeader) -> Option<&'c Api
 
 /// The name usage is counted under: the matching named key's, else `anonymous`.
 pub fn client_name(config: &Config, req: &RequestHeader) -> String {
+    if config.api_keys.is_empty() {
+        // No key to find: spare every request the header lookups.
+        return ANONYMOUS.to_string();
+    }
     client_key(config, req)
         .map_or(ANONYMOUS, ApiKey::name)
         .to_string()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use http::HeaderValue;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::Session;
 
@@ -534,7 +535,9 @@ fn reply_header(
     let mut header = super::headers::downstream_reply(upstream, client_is_http11)?;
     let (candidate, decision) = (attempt.candidate, attempt.decision);
     let node = &candidate.node;
-    header.insert_header("X-Fleet-Node", node.name())?;
+    // Values made without formatting or checking a string where they can be: this runs for
+    // every reply (issue 13).
+    header.insert_header("X-Fleet-Node", node.name_value().clone())?;
     if decision.direct {
         return Ok(header);
     }
@@ -542,8 +545,9 @@ fn reply_header(
         "X-Fleet-Score",
         super::headers::score_text(candidate.scores.total()),
     )?;
-    header.insert_header("X-Fleet-Affinity", decision.affinity_for(node.id).as_str())?;
-    header.insert_header("X-Fleet-Retries", attempt.retries.to_string())?;
+    let affinity = decision.affinity_for(node.id).as_str();
+    header.insert_header("X-Fleet-Affinity", HeaderValue::from_static(affinity))?;
+    header.insert_header("X-Fleet-Retries", HeaderValue::from(attempt.retries))?;
     if wants_explain(session) {
         let rows = decision.ranked.iter().map(|c| (c.node.name(), &c.scores));
         header.insert_header("X-Fleet-Explain", crate::routing::score::explain(rows))?;

@@ -51,7 +51,7 @@ fn connection_named(headers: &http::HeaderMap) -> Vec<String> {
 /// node's `host` and the exact length of the body corral sends.
 pub fn upstream_request(
     client: &RequestHeader,
-    host: &str,
+    host: &http::HeaderValue,
     body_len: usize,
     strip_auth: bool,
 ) -> Result<RequestHeader> {
@@ -77,8 +77,8 @@ pub fn upstream_request(
         }
         request.append_header(name.clone(), value.clone())?;
     }
-    request.insert_header(http::header::HOST, host)?;
-    request.insert_header(http::header::CONTENT_LENGTH, body_len.to_string())?;
+    request.insert_header(http::header::HOST, host.clone())?;
+    request.insert_header(http::header::CONTENT_LENGTH, body_len)?;
     Ok(request)
 }
 
@@ -90,6 +90,9 @@ pub fn downstream_reply(
     upstream: &ResponseHeader,
     client_is_http11: bool,
 ) -> Result<ResponseHeader> {
+    // Made anew with room for corral's own fields, rather than cloned from the node's: a
+    // clone has no room to spare, and growing its maps for the `X-Fleet-*` fields cost more
+    // than entering the node's few fields again (issue 13).
     let mut header = ResponseHeader::build(upstream.status, Some(upstream.headers.len() + 6))?;
     let named = connection_named(&upstream.headers);
     for (name, value) in upstream.headers.iter() {
@@ -159,6 +162,10 @@ mod tests {
         r
     }
 
+    fn host(text: &'static str) -> http::HeaderValue {
+        http::HeaderValue::from_static(text)
+    }
+
     fn names(h: &http::HeaderMap) -> Vec<String> {
         let mut v: Vec<String> = h.keys().map(|k| k.as_str().to_string()).collect();
         v.sort();
@@ -181,7 +188,7 @@ mod tests {
             ("Content-Type", "application/json"),
             ("User-Agent", "ollama-rs"),
         ]);
-        let up = upstream_request(&req, "10.0.0.2:11434", 42, false).unwrap();
+        let up = upstream_request(&req, &host("10.0.0.2:11434"), 42, false).unwrap();
         assert_eq!(
             names(&up.headers),
             ["content-length", "content-type", "host", "user-agent"]
@@ -201,7 +208,7 @@ mod tests {
             ("Accept", "*/*"),
             ("accept", "text/plain"),
         ]);
-        let up = upstream_request(&req, "10.0.0.2:11434", 42, false).unwrap();
+        let up = upstream_request(&req, &host("10.0.0.2:11434"), 42, false).unwrap();
         let wire = pingora_core::protocols::http::v1::client::http_req_header_to_wire(&up).unwrap();
         assert_eq!(
             std::str::from_utf8(&wire).unwrap(),
@@ -226,14 +233,14 @@ mod tests {
             ("Host", "router:11435"),
             ("Content-Length", "999"),
         ]);
-        let kept = upstream_request(&req, "n:1", 3, false).unwrap();
+        let kept = upstream_request(&req, &host("n:1"), 3, false).unwrap();
         assert_eq!(
             names(&kept.headers),
             ["authorization", "content-length", "host", "x-api-key"]
         );
         assert_eq!(kept.headers["host"], "n:1");
         assert_eq!(kept.headers["content-length"], "3");
-        let stripped = upstream_request(&req, "n:1", 3, true).unwrap();
+        let stripped = upstream_request(&req, &host("n:1"), 3, true).unwrap();
         assert_eq!(names(&stripped.headers), ["content-length", "host"]);
     }
 

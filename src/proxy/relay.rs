@@ -394,7 +394,7 @@ pub(super) fn upstream_request(
     body_len: usize,
     strip_auth: bool,
 ) -> Result<RequestHeader> {
-    headers::upstream_request(client, &node.host_header(), body_len, strip_auth)
+    headers::upstream_request(client, node.host_value(), body_len, strip_auth)
 }
 
 #[cfg(test)]

@@ -62,18 +62,32 @@ impl Tail {
     /// is not `[DONE]`, or the whole body of a plain JSON reply.
     pub fn last_object(&self) -> Option<&[u8]> {
         let text = &self.buf[..];
-        let mut lines = text
-            .split(|b| *b == b'\n')
-            .map(|l| l.trim_ascii())
-            .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
-            .filter(|l| l.first() == Some(&b'{'));
-        let last = lines.next_back()?;
+        let last = objects_from_the_end(text).next()?;
         // A line cut at the front by the buffer is not an object.
         if self.truncated && last.as_ptr() == text.as_ptr() {
             return None;
         }
         Some(last)
     }
+}
+
+/// The lines of a reply's text that hold a JSON object (NDJSON lines, SSE `data:` lines, or
+/// one JSON body), trimmed, last first. Found with `memrchr`: a byte-at-a-time split was a
+/// measurable part of settling each reply (issue 13).
+pub fn objects_from_the_end(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut end = text.len();
+    let mut starts = memchr::memrchr_iter(b'\n', text)
+        .map(|newline| newline + 1)
+        .chain(std::iter::once(0));
+    std::iter::from_fn(move || {
+        let start = starts.next()?;
+        let line = &text[start..end];
+        end = start.saturating_sub(1);
+        Some(line)
+    })
+    .map(<[u8]>::trim_ascii)
+    .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
+    .filter(|l| l.first() == Some(&b'{'))
 }
 
 #[derive(Debug, Default, Deserialize, PartialEq)]

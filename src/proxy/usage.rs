@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::reply::{ReplyStats, Tail};
+use super::reply::{ReplyStats, Tail, objects_from_the_end};
 
 /// How many JSON objects from the end are looked at: usage is in the last two of every API.
 const LOOK_BACK: usize = 8;
@@ -42,16 +42,6 @@ pub fn find_before_last(tail: &[u8]) -> Option<TokenUsage> {
         .skip(1)
         .take(LOOK_BACK - 1)
         .find_map(|l| sparse_object(l).ok().and_then(|m| m.usage()))
-}
-
-/// The lines of a tail that hold a JSON object, last first: the same lines, in reverse, as
-/// [`super::reply::Tail::last_object`] looks at, so its object is the first of these.
-fn objects_from_the_end(tail: &[u8]) -> impl Iterator<Item = &[u8]> {
-    tail.split(|b| *b == b'\n')
-        .map(<[u8]>::trim_ascii)
-        .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
-        .filter(|l| l.first() == Some(&b'{'))
-        .rev()
 }
 
 /// What a finished reply's tail shows: the statistics of its last object (as
@@ -154,7 +144,13 @@ const EVAL_DURATION: usize = 7;
 /// dropped. A final chunk is parsed once per reply, and building all of it was the costly
 /// part.
 fn sparse_object(text: &[u8]) -> serde_json::Result<Members> {
-    serde_json::from_slice::<Members>(text)
+    // serde_json checks each string of a byte slice for UTF-8 apart, which for the dozen
+    // short strings of a final chunk cost more than checking the whole text once (issue 13).
+    // Outside its strings JSON is ASCII, so a text that is not UTF-8 fails either way.
+    match simdutf8::basic::from_utf8(text) {
+        Ok(text) => serde_json::from_str::<Members>(text),
+        Err(_) => serde_json::from_slice::<Members>(text),
+    }
 }
 
 /// The members of an object that [`READ_KEYS`] names, each in its place there: a fixed
@@ -209,6 +205,22 @@ impl<'de> Deserialize<'de> for Members {
     }
 }
 
+/// The place in [`READ_KEYS`] of `key`. A match compares a key's length before its bytes,
+/// and most keys of a reply are none of these.
+fn key_place(key: &str) -> Option<usize> {
+    match key {
+        "usage" => Some(USAGE),
+        "response" => Some(RESPONSE),
+        "timings" => Some(TIMINGS),
+        "prompt_eval_count" => Some(PROMPT_EVAL_COUNT),
+        "eval_count" => Some(EVAL_COUNT),
+        "load_duration" => Some(LOAD_DURATION),
+        "prompt_eval_duration" => Some(PROMPT_EVAL_DURATION),
+        "eval_duration" => Some(EVAL_DURATION),
+        _ => None,
+    }
+}
+
 /// An object key: the place in [`READ_KEYS`] of the key it is, if any. Read without
 /// allocating, checked as a `String` key is.
 struct Key(Option<usize>);
@@ -222,7 +234,7 @@ impl<'de> Deserialize<'de> for Key {
                 f.write_str("a string key")
             }
             fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
-                Ok(Key(READ_KEYS.iter().position(|k| *k == key)))
+                Ok(Key(key_place(key)))
             }
         }
         de.deserialize_str(Name)
@@ -340,6 +352,15 @@ mod tests {
 
     fn usage(text: &str) -> Option<TokenUsage> {
         find(text.as_bytes())
+    }
+
+    #[test]
+    fn every_read_key_has_its_own_place() {
+        for (at, key) in READ_KEYS.iter().enumerate() {
+            assert_eq!(key_place(key), Some(at), "{key}");
+        }
+        assert_eq!(key_place("message"), None);
+        assert_eq!(key_place("Usage"), None);
     }
 
     #[test]

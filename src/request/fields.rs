@@ -149,7 +149,7 @@ const MAX_DEPTH: usize = 64;
 fn fast(body: &[u8]) -> Option<Fields<'_>> {
     // serde_json checks only the strings it keeps; checking the whole body is stricter,
     // and lets every slice below be a `&str` without another check.
-    let text = std::str::from_utf8(body).ok()?;
+    let text = simdutf8::basic::from_utf8(body).ok()?;
     let mut r = Reader { text, at: 0 };
     let fields = r.body()?;
     r.ws();

@@ -3,7 +3,7 @@
 //! the slot mirror and affinity entries it updates once sent, and what its reply showed of
 //! the node's cache. Choosing the node is [`super::Router::decide_with`]'s job.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -11,7 +11,9 @@
 //! node's own replies show a limit, it is taken to keep what other nodes serving the same
 //! model were found to keep ([`PeerCapacities`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 use std::time::Instant;
 
 use crate::fleet::Ewma;
