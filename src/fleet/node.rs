@@ -1,6 +1,6 @@
 //! One node of the fleet and what corral knows about it.
 
-use foldhash::HashMap;
+use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! for a node coming up or going down, or a reload. A completion wakes only the requests
 //! for the same model, not every waiter.
 
-use foldhash::HashMap;
+use hashbrown::HashMap;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;

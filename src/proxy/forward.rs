@@ -556,10 +556,12 @@ fn reply_header(
 }
 
 fn wants_explain(session: &Session) -> bool {
+    // A name made once: looking a `&str` up parses it first, on every reply.
+    static EXPLAIN: http::HeaderName = http::HeaderName::from_static("x-fleet-explain");
     session
         .req_header()
         .headers
-        .get("x-fleet-explain")
+        .get(&EXPLAIN)
         .is_some_and(|v| matches!(v.as_bytes(), b"1" | b"true" | b"yes"))
 }
 

@@ -3,7 +3,7 @@
 //! the slot mirror and affinity entries it updates once sent, and what its reply showed of
 //! the node's cache. Choosing the node is [`super::Router::decide_with`]'s job.
 
-use foldhash::HashMap;
+use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ impl Router {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        node.books(|books| books.models.entry(model.to_string()).or_default().waiting += 1);
+        node.books(|books| books.models.entry_ref(model).or_default().waiting += 1);
         Some(WaitTicket {
             router: self.clone(),
             node: node.clone(),
@@ -79,7 +79,7 @@ impl Router {
             believed
         };
         let reserved = node.books(|books| {
-            let state = books.models.entry(p.model_key.clone()).or_default();
+            let state = books.models.entry_ref(p.model_key.as_str()).or_default();
             if state.in_flight as usize >= limit {
                 return None;
             }
@@ -129,7 +129,7 @@ impl Router {
         let tokens = u64::from(p.prompt_tokens);
         let (index, lineage) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
-            let state = books.models.entry(p.model_key.clone()).or_default();
+            let state = books.models.entry_ref(p.model_key.as_str()).or_default();
             if state.slots.len() != parallel {
                 state.slots.resize(parallel, Slot::default());
             }
@@ -540,7 +540,7 @@ impl Dispatch {
         let own_prefill = self.prefill_tps;
         let decode_tps = outcome.decode_tps;
         self.node.books(|books| {
-            let state = books.models.entry(self.model.clone()).or_default();
+            let state = books.models.entry_ref(self.model.as_str()).or_default();
             state.last_success = Some(Instant::now());
             state
                 .warm

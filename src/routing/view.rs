@@ -1,7 +1,7 @@
 //! What choosing reads of each node: a [`NodeView`] per node, taken at one instant under
 //! the node's lock, so that every signal of a decision sees the same state of the node.
 
-use foldhash::{HashMap, HashMapExt};
+use hashbrown::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

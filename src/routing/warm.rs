@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use foldhash::HashMap;
+use hashbrown::HashMap;
 use std::time::Instant;
 
 use crate::fleet::Ewma;
