@@ -533,29 +533,18 @@ fn special(byte: u8) -> bool {
     byte == b'"' || byte == b'\\' || byte < 0x20
 }
 
-/// The length of the run of bytes at the start of `bytes` that need no look. Blocks of 64
-/// are tested whole, every byte of a block into one accumulator without a branch (which the
-/// compiler turns into vector instructions: about twice as fast as serde_json's eight bytes
-/// at a time, where a `bool` fold was seven times slower), and the block with the run's end
-/// is then searched byte by byte.
+/// The length of the run of bytes at the start of `bytes` that need no look. The next quote
+/// or backslash is found by `memchr` (SIMD, the CPU's widest vectors chosen at run time), and
+/// the run before it is checked for control characters by its smallest byte, a reduction the
+/// compiler vectorizes. Two passes, but each far cheaper than testing every byte three ways:
+/// this scan was the largest part of reading a 128 KiB body (issue 13).
 fn plain_run(bytes: &[u8]) -> usize {
-    const BLOCK: usize = 64;
-    let mut run = 0;
-    for block in bytes.chunks_exact(BLOCK) {
-        let Ok(block) = <&[u8; BLOCK]>::try_from(block) else {
-            break;
-        };
-        let mut needs_look = 0u8;
-        for &b in block {
-            needs_look |= u8::from(b == b'"') | u8::from(b == b'\\') | u8::from(b < 0x20);
-        }
-        if needs_look != 0 {
-            break;
-        }
-        run += BLOCK;
+    let end = memchr::memchr2(b'"', b'\\', bytes).unwrap_or(bytes.len());
+    let run = &bytes[..end];
+    if run.iter().fold(u8::MAX, |least, &b| least.min(b)) >= 0x20 {
+        return end;
     }
-    let rest = &bytes[run..];
-    run + rest.iter().position(|b| special(*b)).unwrap_or(rest.len())
+    run.iter().position(|b| special(*b)).unwrap_or(end)
 }
 
 #[cfg(test)]
@@ -647,6 +636,11 @@ mod tests {
                 bytes.push(special_byte);
                 bytes.extend_from_slice(&[b'b'; 40]);
                 assert_eq!(plain_run(&bytes), len);
+                // The first of two bytes that need a look ends the run, whichever kinds.
+                bytes.extend_from_slice(&[b'"', 0x01, b'\\']);
+                assert_eq!(plain_run(&bytes), len);
+                bytes[len] = b'c';
+                assert_eq!(plain_run(&bytes), len + 41);
             }
             assert_eq!(plain_run(&vec![0xc3; len]), len, "UTF-8 bytes need no look");
         }
