@@ -298,4 +298,22 @@ mod tests {
         t.push(b"{\"long\":\"object cut by the buffer\"}");
         assert_eq!(t.last_object(), None);
     }
+
+    proptest::proptest! {
+        /// The lines found from the end are those of a plain split, in reverse.
+        #[test]
+        fn objects_from_the_end_are_a_split_reversed(
+            text in proptest::collection::vec(proptest::sample::select(b"{}\n\r :datx".to_vec()), 0..40)
+        ) {
+            let split: Vec<&[u8]> = text
+                .split(|b| *b == b'\n')
+                .map(<[u8]>::trim_ascii)
+                .map(|l| l.strip_prefix(b"data:").map_or(l, <[u8]>::trim_ascii))
+                .filter(|l| l.first() == Some(&b'{'))
+                .rev()
+                .collect();
+            let found: Vec<&[u8]> = objects_from_the_end(&text).collect();
+            proptest::prop_assert_eq!(found, split);
+        }
+    }
 }
