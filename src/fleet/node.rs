@@ -1,6 +1,5 @@
 //! One node of the fleet and what corral knows about it.
 
-use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -8,6 +7,7 @@ use std::time::{Duration, Instant};
 use std::net::SocketAddr;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use hashbrown::HashMap;
 use parking_lot::Mutex;
 use pingora_core::protocols::tls::CaType;
 use pingora_core::upstreams::peer::HttpPeer;

@@ -3,9 +3,9 @@
 //! for a node coming up or going down, or a reload. A completion wakes only the requests
 //! for the same model, not every waiter.
 
-use hashbrown::HashMap;
 use std::sync::{Arc, Weak};
 
+use hashbrown::HashMap;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 

@@ -3,8 +3,8 @@
 //! serde_json reads a body byte by byte in places and scans its strings eight bytes at a
 //! time; at 128 KiB that scan was most of corral's own cost per request (issue 13). So the
 //! usual body, an object with the fields below and strings of any content, is read by
-//! [`fast`], a strict reader for that shape whose string scan tests a block of bytes at once
-//! (written so that the compiler vectorizes it), and anything it is not sure about (escapes
+//! [`fast`], a strict reader for that shape whose string scan finds a string's end with SIMD
+//! search ([`plain_run`]), and anything it is not sure about (escapes
 //! in a key, the model or a role, a number it would have to convert, a repeated field, a
 //! struct written as a list, invalid JSON...) goes to serde_json as before. [`fast`] only
 //! answers for bodies that serde_json accepts with the same fields: it is at least as

@@ -3,10 +3,11 @@
 //! the slot mirror and affinity entries it updates once sent, and what its reply showed of
 //! the node's cache. Choosing the node is [`super::Router::decide_with`]'s job.
 
-use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
 
 use super::slots::{SlotPolicy, choose_slot};
 use super::warm::{HostEntry, Measured, Observed, measure};

@@ -1,9 +1,10 @@
 //! What choosing reads of each node: a [`NodeView`] per node, taken at one instant under
 //! the node's lock, so that every signal of a decision sees the same state of the node.
 
-use hashbrown::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
 
 use super::parallel::Probes;
 use super::placement::{self, Footprint};

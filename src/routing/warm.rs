@@ -12,9 +12,9 @@
 //! model were found to keep ([`PeerCapacities`]).
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use hashbrown::HashMap;
-use std::time::Instant;
 
 use crate::fleet::Ewma;
 use crate::fleet::kind::Counting;
