@@ -131,9 +131,7 @@ impl Router {
         let (index, lineage) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
             let state = books.models.entry_ref(p.model_key.as_str()).or_default();
-            if state.slots.len() != parallel {
-                state.slots.resize(parallel, Slot::default());
-            }
+            fit_slots(&mut state.slots, parallel);
             let continued = pin
                 .filter(|pin| pin.continues && !pin.in_host)
                 .and_then(|pin| {
@@ -172,8 +170,11 @@ impl Router {
                             .iter()
                             .position(|s| s.lineage == pin.lineage && s.busy == 0)
                     });
-                let index =
-                    forked.unwrap_or_else(|| choose_slot(&state.slots, policy, now, self.ttl()));
+                let chosen = forked.or_else(|| choose_slot(&state.slots, policy, now, self.ttl()));
+                let index = chosen.unwrap_or_else(|| {
+                    state.slots.push(Slot::default());
+                    state.slots.len() - 1
+                });
                 // The conversation the slot held is saved to host memory (llama-server's
                 // prompt cache; the old runner's cache, learned empty, keeps nothing).
                 let displaced = &state.slots[index];
@@ -276,6 +277,19 @@ impl Drop for WaitTicket {
             forget_if_unused(&mut books.models, &self.model);
         });
         self.router.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Makes the mirror `parallel` slots long. Slots beyond that, added for requests sent past
+/// the slots corral knew of, go once idle (the node queued such a request, or runs fewer
+/// slots since a reload): which of its slots the request then took is not known, so its
+/// conversation is not counted warm.
+fn fit_slots(slots: &mut Vec<Slot>, parallel: usize) {
+    while slots.len() > parallel && slots.last().is_some_and(|s| s.busy == 0) {
+        slots.pop();
+    }
+    if slots.len() < parallel {
+        slots.resize(parallel, Slot::default());
     }
 }
 

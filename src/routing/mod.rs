@@ -1351,6 +1351,40 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_past_the_known_slots_takes_no_running_conversations_slot() {
+        // Old runner, slots not told: one slot believed. "a" runs in it when "b" is sent
+        // past it as a probe; the node runs b in another slot or queues it, and a keeps
+        // its slot either way.
+        let r = router_with(1, 0, false, NodeKind::OllamaLegacy);
+        let node = r.fleet.nodes()[0].clone();
+        let (a, b) = (chat(&["a"]), chat(&["b"]));
+        let decision = r.decide(&a).unwrap();
+        let candidate = &decision.ranked[0];
+        let mut first = r.try_send(candidate, &a).expect("a slot free");
+        r.commit(&mut first, &a, &decision);
+        first.first_byte();
+        let decision_b = r.decide(&b).unwrap();
+        let mut probe = r.try_probe(candidate, &b).expect("probed");
+        r.commit(&mut probe, &b, &decision_b);
+        assert_eq!(node.lock_books().models[MODEL].slots.len(), 2);
+        for (turn, name) in [
+            (&["a", "reply", "more"], "a"),
+            (&["b", "reply", "more"], "b"),
+        ] {
+            let d = r.decide(&chat(turn)).unwrap();
+            assert_eq!(d.pin.map(|p| p.node), Some(0), "{name} is still pinned");
+        }
+        // b began only once a had ended: the node queued it, and so runs one slot. Which
+        // slot b then took is not known, and the mirror goes back to one slot.
+        drop(first);
+        probe.first_byte();
+        drop(probe);
+        serve(&r, &chat(&["c"]), 0);
+        assert_eq!(node.parallel(), 1);
+        assert_eq!(node.lock_books().models[MODEL].slots.len(), 1);
+    }
+
+    #[test]
     fn a_new_conversations_first_token_gives_the_nodes_cold_rate_before_its_reply_ends() {
         let r = router(1, 1);
         let node = r.fleet.nodes()[0].clone();

@@ -65,13 +65,22 @@ pub(super) fn displaces_warm(
     }
 }
 
-/// The slot the node gives a prompt that continues no conversation it holds.
+/// The slot the node gives a prompt that continues no conversation it holds, in the
+/// mirror; `None` when the old runner's every known slot is busy.
+///
+/// A request that finds every slot corral knows of busy was sent past them (a probe): the
+/// node runs it in a slot corral has not seen, or queues it until one frees. llama-server
+/// saves the conversation of the slot it then takes into host memory, which taking the
+/// least recently used slot and saving its conversation mirrors. The old runner saves
+/// nothing, and giving the request a running conversation's slot made corral forget a
+/// conversation the node still held (whose next turn then went elsewhere, cold, and pushed
+/// out another): there the request gets a slot of its own ([`None`]).
 pub(super) fn choose_slot(
     slots: &[Slot],
     policy: SlotPolicy,
     now: Instant,
     ttl: Duration,
-) -> usize {
+) -> Option<usize> {
     match policy {
         SlotPolicy::LongestPrefix => {
             // Any slot with content beats an empty one, whatever its age: the node keeps
@@ -81,22 +90,21 @@ pub(super) fn choose_slot(
                     .iter()
                     .position(|s| s.busy == 0 && (s.lineage != 0) == holds)
             };
-            return first_idle(true).or_else(|| first_idle(false)).unwrap_or(0);
+            first_idle(true).or_else(|| first_idle(false))
         }
-        SlotPolicy::LeastRecentlyUsed => {}
+        SlotPolicy::LeastRecentlyUsed => {
+            let cold = slots.iter().position(|s| !is_warm(s, now, ttl));
+            let lru = |idle_only: bool| {
+                slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| !idle_only || s.busy == 0)
+                    .min_by_key(|(_, s)| s.last_used)
+                    .map(|(i, _)| i)
+            };
+            cold.or_else(|| lru(true)).or_else(|| lru(false))
+        }
     }
-    if let Some(i) = slots.iter().position(|s| !is_warm(s, now, ttl)) {
-        return i;
-    }
-    let lru = |idle_only: bool| {
-        slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !idle_only || s.busy == 0)
-            .min_by_key(|(_, s)| s.last_used)
-            .map(|(i, _)| i)
-    };
-    lru(true).or_else(|| lru(false)).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -115,15 +123,29 @@ mod tests {
             tokens: 10,
         };
         let slots = [slot(0, 0), slot(7, 1), slot(8, 0), slot(9, 0)];
-        assert_eq!(choose_slot(&slots, SlotPolicy::LongestPrefix, now, ttl), 2);
+        assert_eq!(
+            choose_slot(&slots, SlotPolicy::LongestPrefix, now, ttl),
+            Some(2)
+        );
         assert_eq!(
             choose_slot(&slots, SlotPolicy::LeastRecentlyUsed, now, ttl),
-            0
+            Some(0)
         );
         let all_busy_or_empty = [slot(7, 1), slot(0, 0)];
         assert_eq!(
             choose_slot(&all_busy_or_empty, SlotPolicy::LongestPrefix, now, ttl),
-            1
+            Some(1)
+        );
+        // Every slot busy: on the old runner a probe past them takes none of theirs; on
+        // llama-server the least recently used, whose conversation goes to host memory.
+        let all_busy = [slot(7, 1), slot(8, 1)];
+        assert_eq!(
+            choose_slot(&all_busy, SlotPolicy::LongestPrefix, now, ttl),
+            None
+        );
+        assert_eq!(
+            choose_slot(&all_busy, SlotPolicy::LeastRecentlyUsed, now, ttl),
+            Some(0)
         );
 
         // Displacement by default: an idle slot holding a conversation; with every slot

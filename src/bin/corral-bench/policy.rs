@@ -74,6 +74,10 @@ pub struct Picker {
     in_flight: Vec<AtomicUsize>,
     /// Each node's slots, for the slot-weighted policies.
     slots: Vec<usize>,
+    /// The run's seed, mixed into the conversation hash: real clients hash chat ids that are
+    /// random (Open WebUI's are UUIDs), so which conversations share a node is luck, and
+    /// the seeds should sample that luck rather than repeat one partition.
+    salt: u64,
 }
 
 /// A request counted against a node; gives the count back when dropped.
@@ -94,6 +98,7 @@ impl Picker {
         Picker {
             policy,
             rng: Mutex::new(Rng::derive(seed, policy.name(), 0)),
+            salt: seed,
             next: AtomicUsize::new(0),
             in_flight: slots.iter().map(|_| AtomicUsize::new(0)).collect(),
             slots,
@@ -143,13 +148,14 @@ impl Picker {
     }
 
     /// Weighted rendezvous hashing: the candidate with the highest `-weight / ln(u)`, u
-    /// uniform from a hash of (conversation, node); each wins in proportion to its slots.
+    /// uniform from a hash of (conversation, node) salted by the seed; each wins in
+    /// proportion to its slots.
     fn hash_by_slots(&self, conversation: usize, candidates: &[usize]) -> usize {
         let score = |i: usize| {
             let node = candidates[i];
             let mut bytes = (conversation as u64).to_le_bytes().to_vec();
             bytes.extend_from_slice(&(node as u64).to_le_bytes());
-            let h = xxhash_rust::xxh3::xxh3_64(&bytes);
+            let h = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, self.salt);
             let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
             -(self.slots_of(node) as f64) / u.ln()
         };
@@ -238,5 +244,21 @@ mod tests {
         let held: Vec<_> = (0..5).filter_map(|c| p.pick(c, &[0, 1])).collect();
         let on_big = held.iter().filter(|f| f.node == 0).count();
         assert_eq!(on_big, 4, "four on the 4-slot node, one on the other");
+    }
+
+    #[test]
+    fn the_seed_draws_a_new_partition_of_the_conversations() {
+        let nodes = [0, 1, 2, 3];
+        let partition = |seed| {
+            let p = Picker::new(Policy::HashBySlots, vec![4, 4, 2, 2], seed);
+            (0..24)
+                .filter_map(|c| p.pick(c, &nodes).map(|f| f.node))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(partition(1), partition(1), "one seed, one partition");
+        let differ = (2..6)
+            .filter(|&seed| partition(seed) != partition(1))
+            .count();
+        assert_eq!(differ, 4, "every other seed moves some conversation");
     }
 }
