@@ -23,7 +23,8 @@ pub enum Policy {
     /// nginx would do with a session cookie.
     StickyHash,
     /// A hash of the conversation picks the node, each node weighted by its slots
-    /// (nginx `hash ... consistent` with `weight=` set to the slots).
+    /// (nginx `hash ... consistent` with `weight=` set to the slots), salted by the seed as
+    /// random chat ids would be.
     HashBySlots,
     /// The node with the fewest requests in flight per slot.
     LeastPerSlot,
