@@ -116,6 +116,7 @@ pub fn rank(
             depth,
             live: state.live_conversations,
             room: state.warm_room,
+            slots_only: state.slots_only,
         });
         homes.push(Home {
             full: view.resident.then_some(state.full && view.slots_known),
@@ -128,6 +129,9 @@ pub fn rank(
     if request.warm_node.is_none() && !p.follow_up && p.endpoint.generates() {
         open_second_home(&mut ranked, &homes, p, weights);
         spread_by_warm_room(&mut ranked, &starts, p, request.pause_s);
+    }
+    if request.warm_node.is_none() && p.follow_up && p.endpoint.generates() {
+        restart_where_soonest(&mut ranked, &starts, p);
     }
     if let Some(pin_node) = request.pin_node.filter(|_| weights.move_cost > 0.0) {
         let factor = weights.move_cost;
@@ -196,40 +200,20 @@ fn spread_by_warm_room(
     p: &Profile,
     pause_s: Option<f64>,
 ) {
-    let settled = |c: &Candidate| c.scores.total() - c.scores.latency - c.scores.queue_depth;
-    let eligible = |c: &Candidate| c.resident && !c.standby && !c.evicts_busy;
-    let Some(bar) = ranked
-        .iter()
-        .filter(|c| eligible(c))
-        .map(settled)
-        .max_by(f64::total_cmp)
-    else {
-        return;
-    };
+    let fits = weighable(ranked);
     let fastest = Fastest::of(starts);
-    let fits = |i: usize| eligible(&ranked[i]) && settled(&ranked[i]) >= bar - 1.0;
+    let fits = |i: usize| fits[i];
     // Waiting for a slot costs the first turn seconds for certain, while the cold turns it
     // would cause elsewhere are a forecast (the conversations counted live there may have
     // ended): where a node has a slot free, the conversation starts on one that has.
     let free = |i: usize| (starts[i].depth as usize) < starts[i].admits;
     let some_free = (0..ranked.len()).any(|i| fits(i) && free(i));
-    let mut best: Option<(usize, f64)> = None;
-    for (i, c) in ranked.iter().enumerate() {
+    let mut costs = Vec::with_capacity(ranked.len());
+    for (i, start) in starts.iter().enumerate() {
         if !fits(i) || (some_free && !free(i)) {
             continue;
         }
-        let start = &starts[i];
-        // A node not measured yet is taken to be as fast as the fleet's best, as the latency
-        // signal takes it: it gets work, and so a measurement; but no faster than its
-        // requests not yet answered show it can be.
-        let guess = fastest.cold_tps.map(|best| match start.cold_tps_at_most {
-            Some(at_most) => best.min(at_most),
-            None => best,
-        });
-        let (Some(cold_tps), Some(service_s)) = (
-            start.cold_tps.or(guess),
-            start.service_s.or(fastest.service_s),
-        ) else {
+        let Some((cold_tps, service_s)) = start.rates(&fastest) else {
             continue;
         };
         let wait_s = stay::expected_wait(start.depth, start.admits, service_s);
@@ -241,20 +225,73 @@ fn spread_by_warm_room(
             serves: pause_s.and_then(|pause| stay::serves(start.parallel, service_s, pause)),
             service_s,
         };
-        let Some(cost) = stay::start_cost(home, p.prompt_tokens) else {
-            continue;
-        };
-        // Equal costs keep the signals' order.
-        let better = best.is_none_or(|(b, best_cost)| {
-            cost < best_cost || (cost == best_cost && c.scores.total() > ranked[b].scores.total())
-        });
-        if better {
-            best = Some((i, cost));
+        if let Some(cost) = stay::start_cost(home, p.prompt_tokens) {
+            costs.push((i, cost));
         }
     }
-    if let Some((pick, _)) = best {
+    lead_the_cheapest(ranked, &costs);
+}
+
+/// A follow-up whose prefix no node holds warm, on nodes that keep nothing beyond their
+/// slots (the old Ollama runner), goes where its first token comes soonest: the wait for a
+/// slot plus its whole history's prefill. Wherever it lands there it pushes one slot's
+/// conversation out and no host memory keeps it, so the nodes differ only in when it starts;
+/// the signals queued such follow-ups on the fastest node. Where a node may keep a host
+/// cache, the signals decide: where a lost conversation lands decides whose saved
+/// conversations that cache pushes out, and moving them where they start soonest raised the
+/// mean follow-up TTFT (docs/benchmarks.md). So do they where a live node is left out of
+/// the weighing (the other signals rate it lower, or the model is not resident there).
+fn restart_where_soonest(ranked: &mut [Candidate], starts: &[Start], p: &Profile) {
+    let fits = weighable(ranked);
+    if ranked
+        .iter()
+        .zip(&fits)
+        .any(|(c, &fits)| !(fits || c.standby))
+    {
+        return;
+    }
+    let fastest = Fastest::of(starts);
+    let mut costs = Vec::with_capacity(ranked.len());
+    for (i, start) in starts.iter().enumerate() {
+        if !fits[i] {
+            continue;
+        }
+        if !start.slots_only {
+            return;
+        }
+        let Some((cold_tps, service_s)) = start.rates(&fastest) else {
+            return;
+        };
+        let wait_s = stay::expected_wait(start.depth, start.admits, service_s);
+        costs.push((i, wait_s + f64::from(p.prompt_tokens) / cold_tps));
+    }
+    lead_the_cheapest(ranked, &costs);
+}
+
+/// Raises the affinity score of the candidate of least cost (index, seconds) just enough for
+/// it to lead; equal costs keep the signals' order.
+fn lead_the_cheapest(ranked: &mut [Candidate], costs: &[(usize, f64)]) {
+    let total = |i: usize| ranked[i].scores.total();
+    let cheapest = costs.iter().copied().reduce(|best, next| {
+        let better = next.1 < best.1 || (next.1 == best.1 && total(next.0) > total(best.0));
+        if better { next } else { best }
+    });
+    if let Some((pick, _)) = cheapest {
         lead_by_affinity(ranked, pick);
     }
+}
+
+/// Per candidate, whether a placement by cost in seconds weighs it: a live node where the
+/// model is resident and its load evicts no model in use, that the signals other than speed
+/// and queue depth (role, memory, context, availability) rate within a point of the best such.
+fn weighable(ranked: &[Candidate]) -> Vec<bool> {
+    let settled = |c: &Candidate| c.scores.total() - c.scores.latency - c.scores.queue_depth;
+    let eligible = |c: &Candidate| c.resident && !c.standby && !c.evicts_busy;
+    let bar = (ranked.iter().filter(|c| eligible(c)).map(settled)).max_by(f64::total_cmp);
+    ranked
+        .iter()
+        .map(|c| bar.is_some_and(|bar| eligible(c) && settled(c) >= bar - 1.0))
+        .collect()
 }
 
 /// The best total among the live candidates other than `pick`, if there is one.
@@ -320,9 +357,24 @@ struct Start {
     /// Live conversations there, and how many its slots and host cache keep warm.
     live: u32,
     room: f64,
+    /// It keeps nothing warm beyond its slots.
+    slots_only: bool,
 }
 
 impl Start {
+    /// Its cold prefill rate and service time, measured or guessed. A node not measured yet
+    /// is taken to be as fast as the fleet's best, as the latency signal takes it: it gets
+    /// work, and so a measurement; but no faster than its requests not yet answered show it
+    /// can be.
+    fn rates(&self, fastest: &Fastest) -> Option<(f64, f64)> {
+        let guess = fastest.cold_tps.map(|best| match self.cold_tps_at_most {
+            Some(at_most) => best.min(at_most),
+            None => best,
+        });
+        let cold_tps = self.cold_tps.or(guess).filter(|&tps| tps > 0.0)?;
+        Some((cold_tps, self.service_s.or(fastest.service_s)?))
+    }
+
     /// Seconds until a slot is free, where the service time is measured.
     fn wait(&self) -> Option<f64> {
         let service = self.service_s?;
@@ -597,6 +649,81 @@ mod tests {
         v.model.live_conversations = live;
         v.model.warm_room = room;
         v
+    }
+
+    /// A chat whose history holds an assistant turn, of about `tokens` prompt tokens.
+    fn follow_up(model: &str, tokens: usize) -> Profile {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [
+                { "role": "user", "content": "x".repeat(4 * tokens) },
+                { "role": "assistant", "content": "ok" },
+                { "role": "user", "content": "and then?" },
+            ],
+        });
+        Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_lost_follow_up_on_slot_only_nodes_goes_where_it_starts_soonest() {
+        let w = Weights::default();
+        let now = Instant::now();
+        let mut r = request(None, None);
+        r.now = now;
+        let p = follow_up("m", 8_000);
+        assert!(p.follow_up);
+        // Fast but queued: 5 requests on 4 slots of 3 s each, 1.5 s of wait, then 2 s of
+        // prefill. The other is idle and prefills in 2.7 s.
+        let mut fast = measured(0, "fast", 4000.0, 0, 0.0, now);
+        fast.model.in_flight = 5;
+        let idle = measured(1, "idle", 3000.0, 0, 0.0, now);
+        let signals_only = rank(&p, r, &[fast.clone(), idle.clone()], &w).unwrap();
+        assert_eq!(
+            names(&signals_only),
+            ["fast", "idle"],
+            "the signals queue it"
+        );
+
+        let (mut fast, mut idle) = (fast, idle);
+        fast.model.slots_only = true;
+        idle.model.slots_only = true;
+        let ranked = rank(&p, r, &[fast.clone(), idle.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["idle", "fast"]);
+        assert!(ranked[0].scores.total() > ranked[1].scores.total());
+
+        // Where the idle node prefills in 4 s, it starts sooner on the queued fast one.
+        let mut slow = measured(1, "idle", 2000.0, 0, 0.0, now);
+        slow.model.slots_only = true;
+        let ranked = rank(&p, r, &[fast.clone(), slow], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "idle"]);
+
+        // A node the other signals rate lower (it failed lately) is not weighed, and then
+        // the signals decide alone, as where a host cache may be kept.
+        let mut flaky = idle.clone();
+        flaky.success_ratio = 0.8;
+        let mut flaky_cached = flaky.clone();
+        flaky_cached.model.slots_only = false;
+        let mut deep = fast.clone();
+        deep.model.in_flight = 12;
+        let mut deep_cached = deep.clone();
+        deep_cached.model.slots_only = false;
+        let ranked = rank(&p, r, &[deep, flaky], &w).unwrap();
+        let signals = rank(&p, r, &[deep_cached, flaky_cached], &w).unwrap();
+        assert_eq!(
+            names(&ranked),
+            ["idle", "fast"],
+            "its queue outweighs the failures"
+        );
+        assert_eq!(names(&ranked), names(&signals));
+        assert_eq!(ranked[0].scores, signals[0].scores);
+
+        // A follow-up whose prefix a node holds is not moved so.
+        let warm_on_fast = Request {
+            warm_node: Some(0),
+            ..r
+        };
+        let ranked = rank(&p, warm_on_fast, &[fast, idle], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "idle"]);
     }
 
     #[test]

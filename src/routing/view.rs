@@ -140,6 +140,9 @@ pub struct ModelView {
     pub live_conversations: u32,
     /// Conversations it keeps warm: its slots and what its host cache holds, as learned.
     pub warm_room: f64,
+    /// It is known to keep nothing warm beyond its slots (the old Ollama runner has no host
+    /// prompt cache).
+    pub slots_only: bool,
 }
 
 impl ModelView {
@@ -194,6 +197,7 @@ impl ModelView {
                 } else {
                     0.0
                 },
+            slots_only: !host_allowed,
         }
     }
 }
