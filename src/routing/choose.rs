@@ -200,36 +200,32 @@ fn spread_by_warm_room(
     p: &Profile,
     pause_s: Option<f64>,
 ) {
-    let fits = weighable(ranked);
+    let weighed = weighable(ranked);
+    let fits = |i: usize| weighed(&ranked[i]);
     let fastest = Fastest::of(starts);
-    let fits = |i: usize| fits[i];
     // Waiting for a slot costs the first turn seconds for certain, while the cold turns it
     // would cause elsewhere are a forecast (the conversations counted live there may have
     // ended): where a node has a slot free, the conversation starts on one that has.
     let free = |i: usize| (starts[i].depth as usize) < starts[i].admits;
     let some_free = (0..ranked.len()).any(|i| fits(i) && free(i));
-    let mut costs = Vec::with_capacity(ranked.len());
-    for (i, start) in starts.iter().enumerate() {
+    let costs = starts.iter().enumerate().filter_map(|(i, start)| {
         if !fits(i) || (some_free && !free(i)) {
-            continue;
+            return None;
         }
-        let Some((cold_tps, service_s)) = start.rates(&fastest) else {
-            continue;
-        };
-        let wait_s = stay::expected_wait(start.depth, start.admits, service_s);
+        let (cold_tps, service_s) = start.rates(&fastest)?;
         let home = stay::Home {
-            wait_s,
+            wait_s: stay::expected_wait(start.depth, start.admits, service_s),
             cold_tps,
             live: start.live,
             room: start.room,
             serves: pause_s.and_then(|pause| stay::serves(start.parallel, service_s, pause)),
             service_s,
         };
-        if let Some(cost) = stay::start_cost(home, p.prompt_tokens) {
-            costs.push((i, cost));
-        }
+        Some((i, stay::start_cost(home, p.prompt_tokens)?))
+    });
+    if let Some(pick) = cheapest(ranked, costs) {
+        lead_by_affinity(ranked, pick);
     }
-    lead_the_cheapest(ranked, &costs);
 }
 
 /// A follow-up whose prefix no node holds warm, on nodes that keep nothing beyond their
@@ -242,56 +238,48 @@ fn spread_by_warm_room(
 /// mean follow-up TTFT (docs/benchmarks.md). So do they where a live node is left out of
 /// the weighing (the other signals rate it lower, or the model is not resident there).
 fn restart_where_soonest(ranked: &mut [Candidate], starts: &[Start], p: &Profile) {
-    let fits = weighable(ranked);
-    if ranked
-        .iter()
-        .zip(&fits)
-        .any(|(c, &fits)| !(fits || c.standby))
-    {
+    let fastest = Fastest::of(starts);
+    let weighed = weighable(ranked);
+    let live = || (ranked.iter().zip(starts).enumerate()).filter(|(_, (c, _))| !c.standby);
+    let comparable = |(c, start): (&Candidate, &Start)| {
+        start.slots_only && weighed(c) && start.rates(&fastest).is_some()
+    };
+    if !live().all(|(_, pair)| comparable(pair)) {
         return;
     }
-    let fastest = Fastest::of(starts);
-    let mut costs = Vec::with_capacity(ranked.len());
-    for (i, start) in starts.iter().enumerate() {
-        if !fits[i] {
-            continue;
-        }
-        if !start.slots_only {
-            return;
-        }
-        let Some((cold_tps, service_s)) = start.rates(&fastest) else {
-            return;
-        };
+    let costs = live().filter_map(|(i, (_, start))| {
+        let (cold_tps, service_s) = start.rates(&fastest)?;
         let wait_s = stay::expected_wait(start.depth, start.admits, service_s);
-        costs.push((i, wait_s + f64::from(p.prompt_tokens) / cold_tps));
-    }
-    lead_the_cheapest(ranked, &costs);
-}
-
-/// Raises the affinity score of the candidate of least cost (index, seconds) just enough for
-/// it to lead; equal costs keep the signals' order.
-fn lead_the_cheapest(ranked: &mut [Candidate], costs: &[(usize, f64)]) {
-    let total = |i: usize| ranked[i].scores.total();
-    let cheapest = costs.iter().copied().reduce(|best, next| {
-        let better = next.1 < best.1 || (next.1 == best.1 && total(next.0) > total(best.0));
-        if better { next } else { best }
+        Some((i, wait_s + f64::from(p.prompt_tokens) / cold_tps))
     });
-    if let Some((pick, _)) = cheapest {
+    if let Some(pick) = cheapest(ranked, costs) {
         lead_by_affinity(ranked, pick);
     }
 }
 
-/// Per candidate, whether a placement by cost in seconds weighs it: a live node where the
-/// model is resident and its load evicts no model in use, that the signals other than speed
-/// and queue depth (role, memory, context, availability) rate within a point of the best such.
-fn weighable(ranked: &[Candidate]) -> Vec<bool> {
-    let settled = |c: &Candidate| c.scores.total() - c.scores.latency - c.scores.queue_depth;
-    let eligible = |c: &Candidate| c.resident && !c.standby && !c.evicts_busy;
+/// Whether a placement by cost in seconds weighs a candidate: a live node where the model is
+/// resident and its load evicts no model in use, that the signals other than speed and queue
+/// depth (role, memory, context, availability) rate within a point of the best such.
+fn weighable(ranked: &[Candidate]) -> impl Fn(&Candidate) -> bool + use<> {
+    fn eligible(c: &Candidate) -> bool {
+        c.resident && !c.standby && !c.evicts_busy
+    }
+    fn settled(c: &Candidate) -> f64 {
+        c.scores.total() - c.scores.latency - c.scores.queue_depth
+    }
     let bar = (ranked.iter().filter(|c| eligible(c)).map(settled)).max_by(f64::total_cmp);
-    ranked
-        .iter()
-        .map(|c| bar.is_some_and(|bar| eligible(c) && settled(c) >= bar - 1.0))
-        .collect()
+    move |c| bar.is_some_and(|bar| eligible(c) && settled(c) >= bar - 1.0)
+}
+
+/// The candidate of least cost among `costs` (index, seconds); equal costs keep the
+/// signals' order.
+fn cheapest(ranked: &[Candidate], costs: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
+    let total = |i: usize| ranked[i].scores.total();
+    let best = costs.reduce(|best, next| {
+        let better = next.1 < best.1 || (next.1 == best.1 && total(next.0) > total(best.0));
+        if better { next } else { best }
+    });
+    best.map(|(i, _)| i)
 }
 
 /// The best total among the live candidates other than `pick`, if there is one.
