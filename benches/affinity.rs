@@ -44,7 +44,7 @@ const ENTRIES_PER_CONVERSATION: u64 = 2;
 
 /// Spreads small integers over the hash space, as prefix hashes are.
 fn key(i: u64) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes())
+    twox_hash::XxHash3_64::oneshot(&i.to_le_bytes())
 }
 
 fn entry(i: u64) -> Entry {

@@ -6,7 +6,18 @@
 //! hash found in the affinity table names the node holding the warmest prefix. Edited or
 //! branched conversations and shared system prompts match at the depth they share.
 
-use xxhash_rust::xxh3::Xxh3;
+use std::hash::Hasher as _;
+
+use twox_hash::XxHash3_64;
+use twox_hash::xxhash3_64::{DEFAULT_SECRET_LENGTH, RawHasher, SecretBuffer};
+
+/// A streaming XXH3 hasher with the default secret: it allocates nothing, where
+/// `XxHash3_64::new` boxes its secret, and hashes are made on every request.
+pub type Xxh3 = RawHasher<&'static [u8; DEFAULT_SECRET_LENGTH]>;
+
+pub fn xxh3() -> Xxh3 {
+    RawHasher::new(SecretBuffer::default())
+}
 
 /// Prompts of `/api/generate` and `/v1/completions` are hashed in blocks of this many bytes,
 /// so that a prompt extending an earlier one shares its leading hashes.
@@ -21,20 +32,20 @@ pub struct PrefixChain {
 impl PrefixChain {
     pub fn start(model: &str) -> PrefixChain {
         PrefixChain {
-            hashes: vec![xxhash_rust::xxh3::xxh3_64(model.as_bytes())],
+            hashes: vec![XxHash3_64::oneshot(model.as_bytes())],
         }
     }
 
     /// Extends the chain by one boundary made of the given parts.
     pub fn push(&mut self, parts: &[&[u8]]) {
-        let mut h = Xxh3::new();
-        h.update(&self.last().to_le_bytes());
+        let mut h = xxh3();
+        h.write(&self.last().to_le_bytes());
         for part in parts {
             // The length keeps ("ab","c") and ("a","bc") apart.
-            h.update(&(part.len() as u64).to_le_bytes());
-            h.update(part);
+            h.write(&(part.len() as u64).to_le_bytes());
+            h.write(part);
         }
-        self.hashes.push(h.digest());
+        self.hashes.push(h.finish());
     }
 
     pub fn last(&self) -> u64 {
@@ -69,6 +80,22 @@ mod tests {
             c.push(&[role.as_bytes(), content.as_bytes(), b""]);
         }
         c
+    }
+
+    #[test]
+    fn the_chain_is_xxh3_streamed_as_if_hashed_whole() {
+        // XXH3's published value for no input: hashes stay comparable across builds.
+        assert_eq!(PrefixChain::start("").last(), 0x2d06_8005_38d3_94c2);
+        // A part long enough for the vector path, streamed, as its bytes hashed at once.
+        let long = vec![b'a'; 100_000];
+        let mut chain = PrefixChain::start("m");
+        chain.push(&[b"user", &long]);
+        let mut whole = chain.hashes[0].to_le_bytes().to_vec();
+        for part in [&b"user"[..], &long] {
+            whole.extend((part.len() as u64).to_le_bytes());
+            whole.extend(part);
+        }
+        assert_eq!(chain.last(), XxHash3_64::oneshot(&whole));
     }
 
     #[test]

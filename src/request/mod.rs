@@ -7,6 +7,7 @@ mod multipart;
 mod profile;
 pub mod session;
 
+pub(crate) use conversation::xxh3;
 pub use conversation::{PrefixChain, prompt_chain};
 pub use endpoint::{Endpoint, ErrorShape, Route};
 pub use multipart::form_field;

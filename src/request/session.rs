@@ -3,6 +3,8 @@
 //! header) is pinned to one node by that name, ahead of the prefix chain. The chain still
 //! decides what is warm there; the key only decides where the conversation lives.
 
+use std::hash::Hasher as _;
+
 use http::HeaderMap;
 
 /// Header names read for a session key when `session_headers` is not configured, in order.
@@ -11,12 +13,12 @@ pub const DEFAULT_SESSION_HEADERS: &[&str] = &["x-session-id", "x-openwebui-chat
 /// The key of a session for one model: the same key with two models names two sessions,
 /// since the models may live on different nodes.
 pub fn session_hash(model_key: &str, key: &str) -> u64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(b"session\0");
-    h.update(&(model_key.len() as u64).to_le_bytes());
-    h.update(model_key.as_bytes());
-    h.update(key.as_bytes());
-    h.digest()
+    let mut h = super::conversation::xxh3();
+    h.write(b"session\0");
+    h.write(&(model_key.len() as u64).to_le_bytes());
+    h.write(model_key.as_bytes());
+    h.write(key.as_bytes());
+    h.finish()
 }
 
 /// The first configured header that carries a non-empty value.

@@ -1,6 +1,7 @@
 //! Adding up the signals, ranking the candidates, and explaining the result.
 
 use std::fmt::Write;
+use std::hash::Hasher as _;
 
 use serde::Serialize;
 
@@ -48,10 +49,10 @@ impl Scores {
 /// conversations spread across equal nodes.
 pub fn rank<T>(candidates: &mut [T], key: impl Fn(&T) -> (f64, &str), conversation: u64) {
     let tie = |name: &str| {
-        let mut h = xxhash_rust::xxh3::Xxh3::new();
-        h.update(&conversation.to_le_bytes());
-        h.update(name.as_bytes());
-        h.digest()
+        let mut h = crate::request::xxh3();
+        h.write(&conversation.to_le_bytes());
+        h.write(name.as_bytes());
+        h.finish()
     };
     candidates.sort_by(|a, b| {
         let (sa, na) = key(a);

@@ -3,7 +3,7 @@
 //! so listings are stable across runs.
 
 use serde_json::{Value, json};
-use xxhash_rust::xxh3::xxh3_128_with_seed;
+use twox_hash::XxHash3_128;
 
 use super::clock::{MODELS_MODIFIED, rfc3339};
 use super::config::StandinModel;
@@ -68,8 +68,8 @@ pub fn digest(model: &StandinModel) -> String {
     let bytes = model.name.as_bytes();
     format!(
         "{:032x}{:032x}",
-        xxh3_128_with_seed(bytes, 1),
-        xxh3_128_with_seed(bytes, 2)
+        XxHash3_128::oneshot_with_seed(1, bytes),
+        XxHash3_128::oneshot_with_seed(2, bytes)
     )
 }
 

@@ -175,7 +175,7 @@ fn transcription_job(headers: &HeaderMap, body: &[u8]) -> Result<Job, StandinErr
     let turn = Turn {
         role: "user".into(),
         content: "Transcribe this audio.".into(),
-        images: vec![format!("{:x}", xxhash_rust::xxh3::xxh3_64(audio))],
+        images: vec![format!("{:x}", twox_hash::XxHash3_64::oneshot(audio))],
     };
     Ok(chat_job(
         Api::Transcription,

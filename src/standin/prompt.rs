@@ -6,7 +6,7 @@
 //! the model gave, plus the new message. Token counts use a fixed 4 bytes per token, which is
 //! close to real tokenizers on English text and keeps the arithmetic in tests obvious.
 
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use twox_hash::XxHash3_64;
 
 /// Bytes per token of rendered text.
 pub const BYTES_PER_TOKEN: usize = 4;
@@ -88,7 +88,7 @@ pub fn render_chat_reply(reply: &str) -> Vec<u8> {
 /// An image's place in the render: `IMAGE_TOKENS` tokens of text derived from its bytes, so
 /// the same image renders the same and a different one breaks the prefix.
 fn image_block(image: &str) -> Vec<u8> {
-    let tag = format!("{:016x}", xxh3_64(image.as_bytes()));
+    let tag = format!("{:016x}", XxHash3_64::oneshot(image.as_bytes()));
     tag.bytes()
         .cycle()
         .take(IMAGE_TOKENS * BYTES_PER_TOKEN)
@@ -109,7 +109,7 @@ pub fn fit_to_context(mut render: Vec<u8>, context: u32) -> Vec<u8> {
 /// The reply's tokens, each with the spacing it is streamed with: words chosen by a PRNG
 /// seeded from the render, so the same prompt always gets the same reply.
 pub fn reply_tokens(render: &[u8], count: u32) -> Vec<String> {
-    let mut rng = SplitMix64(xxh3_64(render));
+    let mut rng = SplitMix64(XxHash3_64::oneshot(render));
     (0..count)
         .map(|i| {
             let word = WORDS[(rng.next() % WORDS.len() as u64) as usize];
@@ -126,7 +126,7 @@ pub fn reply_tokens(render: &[u8], count: u32) -> Vec<String> {
 pub fn embedding(text: &str) -> Vec<f32> {
     let raw: Vec<f32> = (0..EMBEDDING_DIMS as u64)
         .map(|dim| {
-            let h = xxh3_64_with_seed(text.as_bytes(), dim);
+            let h = XxHash3_64::oneshot_with_seed(dim, text.as_bytes());
             (h >> 40) as f32 / (1u64 << 23) as f32 - 1.0
         })
         .collect();

@@ -156,7 +156,7 @@ impl Picker {
             let node = candidates[i];
             let mut bytes = (conversation as u64).to_le_bytes().to_vec();
             bytes.extend_from_slice(&(node as u64).to_le_bytes());
-            let h = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, self.salt);
+            let h = twox_hash::XxHash3_64::oneshot_with_seed(self.salt, &bytes);
             let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
             -(self.slots_of(node) as f64) / u.ln()
         };
@@ -181,7 +181,7 @@ impl Picker {
 }
 
 fn sticky(conversation: usize, n: usize) -> usize {
-    let h = xxhash_rust::xxh3::xxh3_64(&(conversation as u64).to_le_bytes());
+    let h = twox_hash::XxHash3_64::oneshot(&(conversation as u64).to_le_bytes());
     (h % n as u64) as usize
 }
 

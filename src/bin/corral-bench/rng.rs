@@ -4,6 +4,8 @@
 //! crate, so that two runs (or two policies in one run) see the same workload. SplitMix64 is
 //! ten lines, fast, and good enough to pick words, sizes and think times.
 
+use std::hash::Hasher as _;
+
 /// SplitMix64 (Steele, Lea and Flood, 2014).
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
@@ -16,10 +18,10 @@ impl Rng {
     /// An independent stream for one part of a workload (a conversation, a policy), so that
     /// changing one part does not shift the random numbers of the others.
     pub fn derive(seed: u64, salt: &str, index: u64) -> Rng {
-        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(seed);
-        h.update(salt.as_bytes());
-        h.update(&index.to_le_bytes());
-        Rng(h.digest())
+        let mut h = twox_hash::XxHash3_64::with_seed(seed);
+        h.write(salt.as_bytes());
+        h.write(&index.to_le_bytes());
+        Rng(h.finish())
     }
 
     pub fn next_u64(&mut self) -> u64 {
