@@ -6,16 +6,14 @@
 //! hash found in the affinity table names the node holding the warmest prefix. Edited or
 //! branched conversations and shared system prompts match at the depth they share.
 
-use std::hash::Hasher as _;
+use std::hash::Hasher;
 
 use twox_hash::XxHash3_64;
-use twox_hash::xxhash3_64::{DEFAULT_SECRET_LENGTH, RawHasher, SecretBuffer};
+use twox_hash::xxhash3_64::{RawHasher, SecretBuffer};
 
-/// A streaming XXH3 hasher with the default secret: it allocates nothing, where
-/// `XxHash3_64::new` boxes its secret, and hashes are made on every request.
-pub type Xxh3 = RawHasher<&'static [u8; DEFAULT_SECRET_LENGTH]>;
-
-pub fn xxh3() -> Xxh3 {
+/// A streaming XXH3 hasher with the default secret. It allocates nothing, where
+/// `XxHash3_64::new` boxes its secret: hashes are made on every request.
+pub fn xxh3() -> impl Hasher {
     RawHasher::new(SecretBuffer::default())
 }
 

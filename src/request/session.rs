@@ -13,7 +13,7 @@ pub const DEFAULT_SESSION_HEADERS: &[&str] = &["x-session-id", "x-openwebui-chat
 /// The key of a session for one model: the same key with two models names two sessions,
 /// since the models may live on different nodes.
 pub fn session_hash(model_key: &str, key: &str) -> u64 {
-    let mut h = super::conversation::xxh3();
+    let mut h = super::xxh3();
     h.write(b"session\0");
     h.write(&(model_key.len() as u64).to_le_bytes());
     h.write(model_key.as_bytes());

@@ -587,7 +587,8 @@ mod tests {
     #[test]
     fn the_slower_node_pays_the_latency_penalty_measured_against_the_fastest() {
         let w = Weights::default();
-        let now = Instant::now();
+        let r = request(None, None);
+        let now = r.now;
         let mut fast = view(0, "fast");
         fast.model.decode_tps = Some(60.0);
         fast.model.prefill_tps = Some(3000.0);
@@ -596,8 +597,6 @@ mod tests {
         slow.model.decode_tps = Some(20.0);
         slow.model.prefill_tps = Some(1000.0);
         slow.model.speed_at = Some(now);
-        let mut r = request(None, None);
-        r.now = now;
         let ranked = rank(&chat("m"), r, &[slow, fast], &w).unwrap();
         assert_eq!(names(&ranked), ["fast", "slow"]);
         assert_eq!(ranked[0].scores.latency, 0.0);
@@ -655,9 +654,8 @@ mod tests {
     #[test]
     fn a_lost_follow_up_on_slot_only_nodes_goes_where_it_starts_soonest() {
         let w = Weights::default();
-        let now = Instant::now();
-        let mut r = request(None, None);
-        r.now = now;
+        let r = request(None, None);
+        let now = r.now;
         let p = follow_up("m", 8_000);
         assert!(p.follow_up);
         // Fast but queued: 5 requests on 4 slots of 3 s each, 1.5 s of wait, then 2 s of
@@ -717,9 +715,8 @@ mod tests {
     #[test]
     fn a_node_not_measured_yet_is_no_faster_than_its_unanswered_requests_allow() {
         let w = Weights::default();
-        let now = Instant::now();
-        let mut r = request(None, None);
-        r.now = now;
+        let r = request(None, None);
+        let now = r.now;
         let fast = measured(0, "fast", 4000.0, 0, 5.0, now);
         // Its first prompt has been in prefill for a while: at most 400 tokens a second.
         let mut unmeasured = view(1, "unmeasured");
@@ -737,14 +734,15 @@ mod tests {
     #[test]
     fn a_new_conversation_starts_where_the_warm_room_has_space_not_where_it_is_fastest() {
         let w = Weights::default();
-        let now = Instant::now();
-        let mut r = request(None, None);
-        r.now = now;
+        let r = Request {
+            pause_s: Some(8.0),
+            ..request(None, None)
+        };
+        let now = r.now;
         // The fast node keeps 5 conversations warm and serves 5: a sixth would push them
         // out in turn. The slower one, half as fast, has room.
         let full = measured(0, "fast", 4000.0, 5, 5.0, now);
         let roomy = measured(1, "slower", 2000.0, 2, 5.0, now);
-        r.pause_s = Some(8.0);
         let ranked = rank(&chat("m"), r, &[full.clone(), roomy.clone()], &w).unwrap();
         assert_eq!(names(&ranked), ["slower", "fast"]);
         assert!(ranked[1].scores.latency == 0.0 && ranked[0].scores.latency < 0.0);
@@ -779,10 +777,11 @@ mod tests {
     #[test]
     fn a_new_conversation_does_not_wait_for_a_slot_while_another_node_has_one_free() {
         let w = Weights::default();
-        let now = Instant::now();
-        let mut r = request(None, None);
-        r.now = now;
-        r.pause_s = Some(8.0);
+        let r = Request {
+            pause_s: Some(8.0),
+            ..request(None, None)
+        };
+        let now = r.now;
         // The slower node has warm room and a short forecast wait, but every slot running;
         // the fast one would push its conversations out, but has a slot free.
         let fast = measured(0, "fast", 4000.0, 5, 5.0, now);
