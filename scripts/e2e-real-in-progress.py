@@ -6,7 +6,9 @@ The workload issue 9 measured on the real-Ollama kit: 8 conversations of 3 turns
 progress at any time (6 clients, each holding one conversation until it ends, then taking the
 next), on 2 servers with 2 slots each. Every request streams from /api/chat; the client times
 its first token and reads `prompt_eval_count` from the final chunk (the kit's Ollama counts only
-the prompt tokens it evaluated, so a warm follow-up shows a small count).
+the prompt tokens it evaluated, so a warm follow-up shows a small count), and splits each
+follow-up's time to first token by the node's own clock (`total_duration`,
+`prompt_eval_duration`): before the node, at the node before its prompt, its prompt.
 
 Policies, alternating run by run so the machine's drift falls on all of them alike:
 - corral: every request to corral (conf/real-ollama.yaml), which is not told the nodes' kind;
@@ -15,7 +17,8 @@ Policies, alternating run by run so the machine's drift falls on all of them ali
 - random: each request to a node drawn at random (seeded).
 
 Each run uses conversations no earlier run used (of this invocation or an earlier one: the
-prompts carry a random tag), so no run finds another's prompts cached.
+prompts carry a random tag), so no run finds another's prompts cached. The tag names the
+policy by a digit, so every policy's prompts have the same length.
 
 Usage: start two servers (../shared/real-ollama/start.sh DIR 21101 21102) and corral
 (target/debug/corral -c conf/real-ollama.yaml), then
@@ -67,8 +70,11 @@ def stream_chat(base, model, messages):
 INVOCATION = os.urandom(4).hex()
 
 
-def conversation(run, policy, i):
-    tag = f"run {INVOCATION}-{run} {policy} conversation {i}"
+def conversation(run, policy_index, i):
+    # The policy enters the tag as a digit, not its name: names tokenize to different lengths,
+    # and a longer prompt would slow one policy's first turns (by 35 to 55 tokens each when
+    # "corral" and "hash" were in the tag).
+    tag = f"run {INVOCATION}-{run}-{policy_index} conversation {i}"
     system = f"You are assistant {tag}. " + " ".join(
         f"Note {j} for {tag}: keep answers short and plain." for j in range(36)
     )
@@ -107,9 +113,10 @@ def run_policy(args, run, policy, rng):
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            messages = conversation(run, policy, i)
+            messages = conversation(run, args.policies.index(policy), i)
             for turn in range(args.turns):
                 base = target(i)
+                sent = time.monotonic()
                 try:
                     message, final, headers, ttft, secs = stream_chat(base, args.model, messages)
                 except Exception as e:  # noqa: BLE001 - reported, and the run fails
@@ -126,6 +133,14 @@ def run_policy(args, run, policy, rng):
                         "evaluated": final.get("prompt_eval_count", 10**9),
                         "ttft": ttft,
                         "secs": secs,
+                        "sent": sent - started,
+                        # Ollama's own clock, from the request reaching its handler to the
+                        # last chunk: what the client waited beyond it was spent before the
+                        # node (in corral, or on the way).
+                        "node_secs": final.get("total_duration", 0) / 1e9,
+                        "prompt_secs": final.get("prompt_eval_duration", 0) / 1e9,
+                        "load_secs": final.get("load_duration", 0) / 1e9,
+                        "eval_secs": final.get("eval_duration", 0) / 1e9,
                     })
                 messages.append(message)
                 messages.append(follow_up(turn + 1))
@@ -142,6 +157,10 @@ def run_policy(args, run, policy, rng):
     return records, wall, len(errors)
 
 
+def before_node(record):
+    return max(0.0, record["secs"] - record["node_secs"])
+
+
 def summary(records, wall):
     follow = [r for r in records if r["turn"] > 0]
     evaluated = [r["evaluated"] for r in follow]
@@ -155,6 +174,14 @@ def summary(records, wall):
         "ttft_p50": statistics.median(ttft),
         "ttft_p90": p90,
         "wall": wall,
+        "ttft_mean": statistics.mean(ttft),
+        # Where a follow-up's first token was spent, on average: before its node's clock
+        # started (waiting in corral, or on the way), at the node before its prompt was
+        # evaluated (the node's own queue, or other slots' prompts filling its batches), and
+        # in its prompt evaluation.
+        "before_node": statistics.mean(before_node(r) for r in follow),
+        "at_node": statistics.mean(r["ttft"] - before_node(r) - r["prompt_secs"] for r in follow),
+        "prompt_secs": statistics.mean(r["prompt_secs"] for r in follow),
     }
     predicted = [r for r in follow if r["affinity"] is not None]
     if predicted:
@@ -205,13 +232,15 @@ def main():
                 f"run {run} {policy}: follow-ups evaluated {s['evaluated_mean']:.0f} tokens on "
                 f"average, {s['warm']}/{s['follow_ups']} warm; follow-up TTFT p50 "
                 f"{s['ttft_p50']:.2f} s, p90 {s['ttft_p90']:.2f} s; wall {wall:.1f} s{agreed}; "
-                f"first turns {s['first_turns']}",
+                f"first turns {s['first_turns']}; mean follow-up TTFT {s['ttft_mean']:.2f} s = "
+                f"{s['before_node']:.2f} s before the node + {s['at_node']:.2f} s there before "
+                f"its prompt + {s['prompt_secs']:.2f} s prompt evaluation",
                 flush=True,
             )
     print()
     print("| policy | prompt tokens evaluated per follow-up | follow-ups warm | "
-          "follow-up TTFT p50 / p90 | wall |")
-    print("| --- | --- | --- | --- | --- |")
+          "follow-up TTFT p50 / p90 | mean | wall |")
+    print("| --- | --- | --- | --- | --- | --- |")
 
     def span(values, fmt):
         lo, hi = min(values), max(values)
@@ -223,6 +252,7 @@ def main():
             f"{span([r['warm'] for r in runs], '{}')} of {runs[0]['follow_ups']} | "
             f"{span([r['ttft_p50'] for r in runs], '{:.1f}')} s / "
             f"{span([r['ttft_p90'] for r in runs], '{:.1f}')} s | "
+            f"{span([r['ttft_mean'] for r in runs], '{:.1f}')} s | "
             f"{span([r['wall'] for r in runs], '{:.0f}')} s |"
         )
     if args.json:
