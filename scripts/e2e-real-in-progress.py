@@ -40,12 +40,14 @@ import urllib.request
 WARM_MAX_EVALUATED = 200
 
 
-def stream_chat(base, model, messages):
+def stream_chat(base, model, messages, explain=False):
     """One streamed /api/chat: (reply message, final chunk, response headers, seconds to the
-    first chunk, seconds in all)."""
+    first chunk, seconds in all). With `explain`, corral says how it scored every node."""
     body = {"model": model, "messages": messages, "stream": True, "options": {"num_predict": 16}}
     req = urllib.request.Request(f"{base}/api/chat", data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
+    if explain:
+        req.add_header("X-Fleet-Explain", "1")
     start = time.monotonic()
     first = None
     content = []
@@ -118,7 +120,8 @@ def run_policy(args, run, policy, rng):
                 base = target(i)
                 sent = time.monotonic()
                 try:
-                    message, final, headers, ttft, secs = stream_chat(base, args.model, messages)
+                    message, final, headers, ttft, secs = stream_chat(
+                        base, args.model, messages, explain=policy == "corral")
                 except Exception as e:  # noqa: BLE001 - reported, and the run fails
                     with lock:
                         errors.append(f"{policy} conversation {i} turn {turn}: {e}")
@@ -130,6 +133,7 @@ def run_policy(args, run, policy, rng):
                         "turn": turn,
                         "node": node,
                         "affinity": headers.get("X-Fleet-Affinity"),
+                        "explain": headers.get("X-Fleet-Explain"),
                         "evaluated": final.get("prompt_eval_count", 10**9),
                         "ttft": ttft,
                         "secs": secs,
