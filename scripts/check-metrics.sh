@@ -263,7 +263,8 @@ for family in \
   corral_resident_models corral_model_resident corral_affinity_entries corral_node_success_ratio; do
   grep -Eq "^$family(\{| )" "$scrape" || missing+=("$family")
 done
-for family in corral_request_duration_seconds corral_time_to_first_token_seconds corral_winning_score; do
+for family in corral_request_duration_seconds corral_time_to_first_token_seconds corral_queue_wait_seconds \
+  corral_winning_score; do
   grep -Eq "^${family}_bucket\{" "$scrape" || missing+=("$family (histogram)")
   grep -Eq "^# TYPE $family histogram$" "$scrape" || missing+=("$family: TYPE histogram")
 done

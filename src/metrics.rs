@@ -39,6 +39,7 @@ pub struct Metrics {
     pub upstream_errors: IntCounterVec,
     pub duration: HistogramVec,
     pub ttft: HistogramVec,
+    pub queue_wait: HistogramVec,
     pub winning_score: Histogram,
     /// Tokens per client key name (config names, or `anonymous`), model and kind.
     pub client_tokens: IntCounterVec,
@@ -105,6 +106,14 @@ impl Metrics {
                 HistogramOpts::new(
                     "corral_time_to_first_token_seconds",
                     "Time from sending the request to a node until the reply's first body byte."
+                )
+                .buckets(SECONDS.to_vec()),
+                &["node", "model"]
+            )?,
+            queue_wait: register_histogram_vec!(
+                HistogramOpts::new(
+                    "corral_queue_wait_seconds",
+                    "Time a routed request waited in corral for a free slot before it was sent to the node that answered (0 when one was free)."
                 )
                 .buckets(SECONDS.to_vec()),
                 &["node", "model"]

@@ -202,9 +202,12 @@ async fn a_waiting_request_goes_to_whichever_node_frees_first() {
     let a = start(slow("a", 50)).await;
     let b = start(slow("b", 50)).await;
     let admin_port = free_port();
+    let metrics_port = free_port();
     let router = Router::start(
         vec![NodeSpec::of(&a, 1), NodeSpec::of(&b, 1)],
-        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
+        &format!(
+            "admin_listen: 127.0.0.1:{admin_port}\nmetrics_listen: 127.0.0.1:{metrics_port}\n"
+        ),
     )
     .await;
     let long = hold(&router, "long", 200).await;
@@ -232,6 +235,22 @@ async fn a_waiting_request_goes_to_whichever_node_frees_first() {
         short_node,
         "it took the first slot to free up"
     );
+    // The wait is measured: on the short reply's node, one request found the slot free and
+    // one waited for the rest of that reply (6 tokens at 50 ms).
+    let scrape = scrape(metrics_port).await;
+    let wait = |series: &str, le: Option<&str>| {
+        let mut labels = vec![("node", short_node.as_str())];
+        labels.extend(le.map(|le| ("le", le)));
+        sample(
+            &scrape,
+            &format!("corral_queue_wait_seconds_{series}"),
+            &labels,
+        )
+    };
+    assert_eq!(wait("count", None), Some(2.0), "{scrape}");
+    assert_eq!(wait("bucket", Some("0.005")), Some(1.0), "{scrape}");
+    let waited = wait("sum", None).unwrap_or_default();
+    assert!((0.05..30.0).contains(&waited), "{waited} s");
 
     // A client that leaves while queued leaves the queue.
     let _again = hold(&router, "short again", 200).await;

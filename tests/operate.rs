@@ -6,20 +6,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// Reads one sample's value from a Prometheus text scrape.
-fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    scrape
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 #[tokio::test]
 async fn metrics_count_what_routing_did() {
     let mut cold = fast_node("cold");

@@ -4,6 +4,7 @@
 //! the request's end on its node's books.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::RequestCtx;
 use super::reply::{Reading, ReplyStats, Tail};
@@ -49,19 +50,23 @@ impl Account {
             .inc();
     }
 
-    /// Counts the routing decision once a node has answered.
+    /// Counts the routing decision once a node has answered, with the time the request
+    /// waited in corral for a slot before it was sent there.
     pub fn decision(
         &self,
         ctx: &mut RequestCtx,
         candidate: &Candidate,
         decision: &Decision,
+        waited: Duration,
         labels: &[&str; 2],
     ) {
         ctx.node = Some(candidate.node.name().to_string());
         if decision.direct {
-            // Nothing was chosen: no score, affinity or load to count.
+            // Nothing was chosen: no score, affinity, wait or load to count.
             return;
         }
+        let wait = self.metrics.queue_wait.with_label_values(labels);
+        wait.observe(waited.as_secs_f64());
         let affinity = decision.affinity_for(candidate.node.id).as_str();
         let score = candidate.scores.total();
         self.metrics.affinity.with_label_values(&[affinity]).inc();

@@ -4,7 +4,7 @@
 //! counting what a reply showed is `account.rs`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::HeaderValue;
@@ -106,6 +106,8 @@ impl Forwarder {
         // Failed attempts in all, for `X-Fleet-Retries`.
         let mut retries = 0;
         let mut waiting: Option<WaitTicket> = None;
+        // When the request began waiting in corral for the attempt it makes next.
+        let mut waiting_since: Option<Instant> = None;
         let listener = router.listen(&profile.model_key);
         loop {
             // The request's own wait must not weigh on its new ranking.
@@ -145,6 +147,7 @@ impl Forwarder {
                         let message = "too many requests are waiting for a node";
                         return busy(session, ctx, message, config).await;
                     }
+                    waiting_since.get_or_insert_with(Instant::now);
                     let left = deadline.saturating_duration_since(Instant::now());
                     match race(session, left, news).await {
                         Wait::Done(()) => {
@@ -170,6 +173,7 @@ impl Forwarder {
                         let message = "too many requests are waiting for a node";
                         return busy(session, ctx, message, config).await;
                     }
+                    waiting_since.get_or_insert_with(Instant::now);
                     let left = deadline.saturating_duration_since(Instant::now());
                     match race(session, left, news).await {
                         Wait::Done(()) => continue,
@@ -191,6 +195,7 @@ impl Forwarder {
                 decision,
                 profile,
                 retries,
+                waited: waiting_since.take().map_or(Duration::ZERO, |t| t.elapsed()),
             };
             match self.attempt(session, ctx, body, attempt, dispatch).await {
                 Ok(result) => return result,
@@ -235,6 +240,7 @@ impl Forwarder {
             decision: &decision,
             profile: &profile,
             retries: 0,
+            waited: Duration::ZERO,
         };
         match self.attempt(session, ctx, body, attempt, dispatch).await {
             Ok(result) => result,
@@ -334,8 +340,13 @@ impl Forwarder {
         let header = reply_header(upstream_header, session, attempt)?;
         let model = model_label(fleet, &attempt.profile.model_key).to_string();
         let labels = [node.name(), model.as_str()];
-        self.account
-            .decision(ctx, attempt.candidate, attempt.decision, &labels);
+        self.account.decision(
+            ctx,
+            attempt.candidate,
+            attempt.decision,
+            attempt.waited,
+            &labels,
+        );
         ctx.model_label = Some(model.clone());
         ctx.status = status;
         session
@@ -462,6 +473,8 @@ struct Attempt<'a> {
     decision: &'a Decision,
     profile: &'a Profile,
     retries: usize,
+    /// How long the request waited in corral for a slot before this attempt.
+    waited: Duration,
 }
 
 /// Every node tried failed before replying.

@@ -293,6 +293,20 @@ pub async fn scrape(metrics_port: u16) -> String {
         .expect("metrics text")
 }
 
+/// Reads one sample's value from a Prometheus text scrape.
+pub fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
 pub fn chat_body(turns: &[String], stream: bool) -> serde_json::Value {
     let messages: Vec<_> = turns
         .iter()
