@@ -113,7 +113,7 @@ impl Metrics {
             queue_wait: register_histogram_vec!(
                 HistogramOpts::new(
                     "corral_queue_wait_seconds",
-                    "Time a routed request waited in corral for a free slot before it was sent to the node that answered (0 when one was free)."
+                    "Time a routed request waited in corral before it was sent to the node that answered: for a free slot, or for a node to come back (0 when it waited for neither)."
                 )
                 .buckets(SECONDS.to_vec()),
                 &["node", "model"]

@@ -397,15 +397,6 @@ async fn an_https_node_is_checked_polled_and_routed_to_over_tls_with_sni_from_it
     assert_eq!(fleet["nodes"][0]["healthy"], false, "{fleet}");
 }
 
-/// The value of the sample of `family` whose labels include every one of `labels`.
-fn sample(scrape: &str, family: &str, labels: &[&str]) -> Option<f64> {
-    scrape
-        .lines()
-        .filter(|l| l.starts_with(&format!("{family}{{")))
-        .find(|l| labels.iter().all(|label| l.contains(label)))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_scrape_shows_every_counter_the_dashboard_reads_at_zero_per_node() {
     let a = start(fast_node("a")).await;
@@ -423,16 +414,15 @@ async fn a_fresh_scrape_shows_every_counter_the_dashboard_reads_at_zero_per_node
         "status_5xx",
     ];
     let zero_for = |scrape: &str, node: &str| {
-        let label = format!("node=\"{node}\"");
         assert_eq!(
-            sample(scrape, "corral_retries_total", &[&label]),
+            sample(scrape, "corral_retries_total", &[("node", node)]),
             Some(0.0),
             "{node}: {scrape}"
         );
         for kind in kinds {
-            let kind = format!("kind=\"{kind}\"");
+            let labels = [("node", node), ("kind", kind)];
             assert_eq!(
-                sample(scrape, "corral_upstream_errors_total", &[&label, &kind]),
+                sample(scrape, "corral_upstream_errors_total", &labels),
                 Some(0.0),
                 "{node} {kind}"
             );
@@ -441,29 +431,28 @@ async fn a_fresh_scrape_shows_every_counter_the_dashboard_reads_at_zero_per_node
     let fresh = scrape(metrics_port).await;
     zero_for(&fresh, "a");
     // Every counter the dashboard reads per node and model, for the model a reports.
-    let (node, model) = ("node=\"a\"", format!("model=\"{MODEL}\""));
+    let (node, model) = (("node", "a"), ("model", MODEL));
     for family in [
         "corral_cold_loads_total",
         "corral_model_loads_total",
         "corral_prompt_tokens_estimated_total",
     ] {
         assert_eq!(
-            sample(&fresh, family, &[node, &model]),
+            sample(&fresh, family, &[node, model]),
             Some(0.0),
             "{family}"
         );
     }
-    for kind in ["kind=\"evaluated\"", "kind=\"cached\""] {
-        let labels = [node, model.as_str(), kind];
+    for kind in ["evaluated", "cached"] {
+        let labels = [node, model, ("kind", kind)];
         assert_eq!(
             sample(&fresh, "corral_prompt_tokens_total", &labels),
             Some(0.0)
         );
     }
     for result in ["hit", "miss", "new"] {
-        let label = format!("result=\"{result}\"");
         assert_eq!(
-            sample(&fresh, "corral_affinity_total", &[&label]),
+            sample(&fresh, "corral_affinity_total", &[("result", result)]),
             Some(0.0)
         );
     }
@@ -475,7 +464,7 @@ async fn a_fresh_scrape_shows_every_counter_the_dashboard_reads_at_zero_per_node
         sample(
             &scrape(metrics_port).await,
             "corral_node_up",
-            &["node=\"b\""],
+            &[("node", "b")],
         )
         .is_some()
     })
