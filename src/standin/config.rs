@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use super::engine::{BatchRule, Order};
+
 /// One gibibyte, the unit Ollama reports memory in.
 pub const GIB: u64 = 1 << 30;
 
@@ -125,6 +127,25 @@ impl StandinConfig {
             multiuser_cache: false,
             kind: StandinKind::OllamaLegacy,
             cache_ram_tokens: 0,
+        }
+    }
+
+    /// How the node's server batches the work of its slots (see [`super::engine`]). Ollama
+    /// passes its `num_batch` (512 by default: `api/types.go`) to its runner and to
+    /// llama-server as `-b` (`llm/llama_server.go`); llama-server alone defaults to 2048; for
+    /// other OpenAI-compatible servers (vLLM's scheduler also serves running requests' tokens
+    /// first, then prompts under a token budget) the same rule with 2048 stands in.
+    pub fn batch_rule(&self) -> BatchRule {
+        let (order, batch_tokens) = match self.kind {
+            StandinKind::OllamaLegacy => (Order::RoundRobin, 512),
+            StandinKind::Ollama => (Order::DecodeFirst, 512),
+            StandinKind::LlamaCpp | StandinKind::Openai => (Order::DecodeFirst, 2048),
+        };
+        BatchRule {
+            order,
+            batch_tokens,
+            prefill_per_token: self.prefill_per_token,
+            decode_per_token: self.decode_per_token,
         }
     }
 

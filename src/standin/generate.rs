@@ -1,16 +1,17 @@
 //! One generating request from parsed job to first token: resolve the model, get it resident
-//! (waiting for a load if needed), take a slot (waiting in line if all are busy), and spend
-//! the prefill time of the prompt tokens the slot does not already hold. Decoding is in
-//! [`super::stream`].
+//! (waiting for a load if needed), take a slot (waiting in line if all are busy), and have
+//! the model's engine evaluate the prompt tokens the slot does not already hold, in batches
+//! shared with the other slots ([`super::engine`]). Decoding is in [`super::stream`].
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::response::Response;
 
 use super::ServedRequest;
 use super::clock::unix_now;
 use super::config::Fault;
+use super::engine::Run;
 use super::error::StandinError;
 use super::node::Node;
 use super::prompt::{fit_to_context, reply_tokens, tokens_in};
@@ -43,7 +44,8 @@ pub struct Generation {
     /// The streamed pieces of the reply, one per token.
     pub tokens: Vec<String>,
     pub stats: Stats,
-    pub decode_per_token: Duration,
+    /// The request's work on the model's engine, which paces the output tokens.
+    pub run: Run,
     /// `Some(n)` when the node was told to cut the connection after `n` body chunks.
     pub cut_after: Option<u32>,
     started: Instant,
@@ -54,13 +56,14 @@ pub struct Generation {
 
 impl Generation {
     /// Ends decoding: the slot keeps prompt plus reply, the slot and model are released,
-    /// and the statistics get their measured total.
+    /// and the statistics get their measured decode time and total.
     pub fn finish(self) -> Stats {
         let reply = self.tokens.concat();
         let mut held = self.prompt;
         held.extend(self.wire.api.held_reply(&reply));
         self.slot.finish(held);
         let mut stats = self.stats;
+        stats.eval_duration = self.run.decode_duration();
         stats.total_duration = self.started.elapsed();
         stats
     }
@@ -87,7 +90,7 @@ async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
     let lease = node.residency.acquire(&want).await?;
     let prompt = fit_to_context(job.prompt, lease.context);
     let slot = lease.slots.acquire(&prompt).await;
-    let stats = stats_before_decode(node, &lease, &slot, &prompt, job.max_tokens);
+    let mut stats = stats_before_decode(node, &lease, &slot, &prompt, job.max_tokens);
     node.record(ServedRequest {
         endpoint: job.api.path().to_string(),
         model: want.model.name.clone(),
@@ -96,7 +99,8 @@ async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
         cold_load: lease.cold_load,
         slot: slot.index(),
     });
-    tokio::time::sleep(stats.prompt_eval_duration).await;
+    let mut run = slot.run(stats.prompt_eval_count(), stats.eval_count);
+    stats.prompt_eval_duration = run.prompt_evaluated().await;
     Ok(Generation {
         wire: Wire {
             api: job.api,
@@ -109,7 +113,7 @@ async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
         stream: job.stream,
         tokens: reply_tokens(&prompt, stats.eval_count),
         stats,
-        decode_per_token: node.cfg.decode_per_token,
+        run,
         cut_after,
         started,
         prompt,
@@ -118,7 +122,7 @@ async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
     })
 }
 
-/// The simulated costs, known once the slot is chosen.
+/// The counts and load time, known once the slot is chosen; the engine measures the rest.
 fn stats_before_decode(
     node: &Node,
     lease: &ModelLease,
@@ -134,9 +138,7 @@ fn stats_before_decode(
         cached_tokens,
         eval_count,
         load_duration: lease.load_duration,
-        prompt_eval_duration: node.cfg.prefill_per_token * (prompt_tokens - cached_tokens),
-        eval_duration: node.cfg.decode_per_token * eval_count,
-        total_duration: Duration::ZERO,
+        ..Stats::default()
     }
 }
 

@@ -12,6 +12,9 @@
 //!   longest prefix and only pays prefill for the rest (`slots`, `prompt`).
 //! - **Timing.** Prefill costs `prefill_per_token` per uncached prompt token, then output
 //!   tokens stream one every `decode_per_token`, each flushed as its own chunk (`stream`).
+//!   The slots of a model share its compute as the real servers' batches do (`engine`):
+//!   prompts evaluated at once share the prefill rate, and a generating slot waits for the
+//!   batch its neighbours' prompts fill.
 //! - **Wire formats.** Ollama's native API and its OpenAI-compatible `/v1` API, in the shapes
 //!   the `ollama-rs` and `async-openai` crates parse (`wire`, `ollama`, `openai`).
 //! - **Faults.** Hanging, cutting streams and failing with a status on command, and
@@ -26,6 +29,7 @@ mod clock;
 mod compat;
 mod config;
 mod embed;
+mod engine;
 mod error;
 mod generate;
 mod llama_server;

@@ -321,9 +321,17 @@ impl Residency {
             last_used: Instant::now(),
             keep_alive,
             slots: Arc::new(if self.cfg.kind.is_llama_server() {
-                SlotTable::llama_server(self.cfg.num_parallel, self.cfg.cache_ram_tokens)
+                SlotTable::llama_server(
+                    self.cfg.num_parallel,
+                    self.cfg.cache_ram_tokens,
+                    self.cfg.batch_rule(),
+                )
             } else {
-                SlotTable::new(self.cfg.num_parallel, self.cfg.multiuser_cache)
+                SlotTable::new(
+                    self.cfg.num_parallel,
+                    self.cfg.multiuser_cache,
+                    self.cfg.batch_rule(),
+                )
             }),
             instance: *next,
         }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::engine::{BatchRule, Engine, Run};
 use super::llama_server::{PromptCache, save_idle_slots, take_slot};
 use super::prompt::{common_prefix_tokens, tokens_in};
 
@@ -75,10 +76,12 @@ pub struct SlotTable {
     multiuser_cache: bool,
     /// llama-server's rule and host prompt cache, instead of Ollama's old runner's.
     prompt_cache: Option<Mutex<PromptCache>>,
+    /// The compute all slots share.
+    engine: Arc<Engine>,
 }
 
 impl SlotTable {
-    pub fn new(num_parallel: usize, multiuser_cache: bool) -> Self {
+    pub fn new(num_parallel: usize, multiuser_cache: bool, batches: BatchRule) -> Self {
         let n = num_parallel.max(1);
         SlotTable {
             permits: Arc::new(Semaphore::new(n)),
@@ -86,15 +89,16 @@ impl SlotTable {
             clock: AtomicU64::new(0),
             multiuser_cache,
             prompt_cache: None,
+            engine: Arc::new(Engine::new(batches)),
         }
     }
 
     /// Slots chosen as llama-server chooses them, with a host prompt cache of
     /// `cache_tokens` (see [`super::llama_server`]).
-    pub fn llama_server(num_parallel: usize, cache_tokens: u32) -> Self {
+    pub fn llama_server(num_parallel: usize, cache_tokens: u32, batches: BatchRule) -> Self {
         SlotTable {
             prompt_cache: Some(Mutex::new(PromptCache::new(cache_tokens))),
-            ..SlotTable::new(num_parallel, false)
+            ..SlotTable::new(num_parallel, false, batches)
         }
     }
 
@@ -152,6 +156,14 @@ impl SlotLease {
 
     pub fn cached_tokens(&self) -> u32 {
         self.cached_tokens
+    }
+
+    /// Puts the request's work on the model's shared compute: `prompt_tokens` to evaluate,
+    /// then `output_tokens` to generate.
+    pub fn run(&self, prompt_tokens: u32, output_tokens: u32) -> Run {
+        self.table
+            .engine
+            .submit(self.index, prompt_tokens, output_tokens)
     }
 
     /// Records what the slot holds after generation: the prompt plus the reply as the next
@@ -245,9 +257,18 @@ mod tests {
         assert_eq!(cached_tokens(0, 0), 0);
     }
 
+    fn batches() -> BatchRule {
+        BatchRule {
+            order: super::super::engine::Order::DecodeFirst,
+            batch_tokens: 512,
+            prefill_per_token: std::time::Duration::ZERO,
+            decode_per_token: std::time::Duration::ZERO,
+        }
+    }
+
     #[tokio::test]
     async fn leases_hold_the_prompt_and_release_the_slot() {
-        let table = Arc::new(SlotTable::new(2, false));
+        let table = Arc::new(SlotTable::new(2, false, batches()));
         let lease = table.acquire(b"aaaabbbb").await;
         assert_eq!((lease.index(), lease.cached_tokens()), (0, 0));
         lease.finish(b"aaaabbbbREPLY".to_vec());
@@ -262,7 +283,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_table_queues_until_a_slot_frees() {
-        let table = Arc::new(SlotTable::new(1, false));
+        let table = Arc::new(SlotTable::new(1, false, batches()));
         let first = table.acquire(b"aaaa").await;
         let waiter = {
             let table = Arc::clone(&table);

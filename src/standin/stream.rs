@@ -1,6 +1,7 @@
-//! Decoding: output tokens leave one every `decode_per_token`, each as its own body chunk
-//! flushed as it is produced, so a proxy in front sees time to first token and streaming
-//! exactly as with a real Ollama. Also where a `CutMidStream` fault breaks the body.
+//! Decoding: each output token leaves as the model's engine makes it (one decode step each,
+//! longer when other slots' prompts share the batch), as its own body chunk flushed as it is
+//! produced, so a proxy in front sees time to first token and streaming exactly as with a
+//! real Ollama. Also where a `CutMidStream` fault breaks the body.
 //!
 //! The body is a lazy stream that owns the generation: if the client goes away or the node
 //! stops, hyper drops the stream and with it the slot and model leases.
@@ -14,7 +15,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::time::Instant;
 
 use super::generate::Generation;
 use super::wire::Wire;
@@ -40,8 +40,8 @@ pub async fn respond(generation: Generation) -> Response {
 
 /// A non-streamed reply: decode all tokens, then send one JSON object (headers included
 /// only then, as Ollama does).
-async fn whole_body(generation: Generation) -> Body {
-    tokio::time::sleep(generation.stats.eval_duration).await;
+async fn whole_body(mut generation: Generation) -> Body {
+    while generation.run.next_token().await {}
     let cut_after = generation.cut_after;
     let wire = generation.wire.clone();
     let text = generation.tokens.concat();
@@ -72,7 +72,6 @@ fn streamed_body(generation: Generation) -> Body {
         opening,
         wire: generation.wire.clone(),
         cut_after: generation.cut_after,
-        next_token_at: Instant::now() + generation.decode_per_token,
         generation: Some(generation),
         next: 0,
         tail: VecDeque::new(),
@@ -88,8 +87,6 @@ struct Decoder {
     generation: Option<Generation>,
     /// Index of the next token to send.
     next: usize,
-    /// Deadline of the next token, so timing does not drift with scheduling delays.
-    next_token_at: Instant,
     /// Events some APIs send before the first token, sent at once.
     opening: VecDeque<Bytes>,
     /// Trailer chunks still to send once decoding is over.
@@ -120,12 +117,11 @@ impl Decoder {
         if let Some(opening) = self.opening.pop_front() {
             return Some(opening);
         }
-        if let Some(generation) = &self.generation {
+        if let Some(generation) = &mut self.generation {
             if let Some(token) = generation.tokens.get(self.next) {
                 let chunk = self.wire.token_at(self.next, token);
-                tokio::time::sleep_until(self.next_token_at).await;
+                generation.run.next_token().await;
                 self.next += 1;
-                self.next_token_at += generation.decode_per_token;
                 return Some(chunk);
             }
             if let Some(generation) = self.generation.take() {

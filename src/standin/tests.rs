@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::{Fault, StandinConfig, StandinModel, StandinNode, start_fleet};
+use super::{Fault, StandinConfig, StandinKind, StandinModel, StandinNode, start_fleet};
 
 type TestResult = Result<(), Box<dyn Error + Send + Sync>>;
 
@@ -441,6 +441,44 @@ async fn busy_slots_make_requests_wait_their_turn() -> TestResult {
     Ok(())
 }
 
+#[tokio::test]
+async fn prompts_evaluated_at_once_share_the_model_s_compute() -> TestResult {
+    // Two slots, two 1,000-token prompts at once: each slot is free, but their prompts go
+    // through one batch per step, so the later one ends after all 2,000 tokens' prefill.
+    // Alone, one takes 1,000 tokens' prefill and 6 decode steps (290 ms here).
+    let prefill = Duration::from_micros(200);
+    for kind in [StandinKind::OllamaLegacy, StandinKind::Ollama] {
+        let mut cfg = cfg();
+        cfg.kind = kind;
+        cfg.prefill_per_token = prefill;
+        let node = start(cfg).await?;
+        let body = |p: String| json!({ "model": "llama3:8b", "prompt": p, "stream": false });
+        let timed = |p: String| {
+            let node = &node;
+            async move {
+                let started = Instant::now();
+                let reply = post(node, "/api/generate", body(p)).await;
+                (reply, started.elapsed())
+            }
+        };
+        let ((a, a_took), (b, b_took)) =
+            tokio::join!(timed("a".repeat(4000)), timed("b".repeat(4000)));
+        assert_eq!((a?.0, b?.0), (200, 200));
+        let log = node.log();
+        let slots: Vec<usize> = log.iter().map(|s| s.slot).collect();
+        assert!(
+            slots.contains(&0) && slots.contains(&1),
+            "{kind:?}: {slots:?}"
+        );
+        let evaluated: u32 = log.iter().map(|s| s.prompt_tokens - s.cached_tokens).sum();
+        assert!(evaluated >= 2000, "{kind:?}: {evaluated}");
+        assert!(
+            a_took.max(b_took) >= prefill * evaluated,
+            "{kind:?}: {a_took:?} and {b_took:?} for {evaluated} tokens"
+        );
+    }
+    Ok(())
+}
 #[tokio::test]
 async fn embeddings_need_the_model_but_no_slot() -> TestResult {
     let node = start(cfg()).await?;
