@@ -470,10 +470,10 @@ impl Dispatch {
             let state = books.models.get_mut(&self.model)?;
             let observed = measured.observed();
             // The cold rate comes from replies that evaluated their whole prompt: a new
-            // conversation that the node confirms cold, or any reply whose count is of
-            // evaluated tokens only.
-            let whole_prompt =
-                prediction.affinity == AffinityResult::New && observed != Observed::Warm;
+            // conversation (corral knows of no prefix it shares on any node; the rate is
+            // not judged by the reply's reading, which the rate itself makes), or any reply
+            // whose count is of evaluated tokens only.
+            let whole_prompt = prediction.affinity == AffinityResult::New;
             // A node that does not say how long it took (OpenAI-compatible servers such as
             // vLLM) is timed by its first streamed token, where that followed the prefill
             // of the whole prompt and no load.

@@ -146,29 +146,41 @@ pub fn measure(
 
 /// A node's prefill rate on prompts it evaluated whole, in tokens per second: what turns
 /// Ollama 0.30.1's `prompt_eval_duration` back into evaluated tokens.
+///
+/// A server evaluates the prompts of all its slots in one batch per step, so a prompt
+/// evaluated beside another's reports a longer duration than it takes alone; a prompt that
+/// was partly cached after all reports a shorter one. Beside others is the common case under
+/// load, and a rate learned too slow reads a cold reply as partly cached. So the rate is the
+/// upper end of the recent samples: the second fastest of the last few, which one cached
+/// outlier cannot set.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ColdRate {
-    rate: Ewma,
-    samples: u32,
+    /// The latest samples, oldest overwritten first.
+    recent: [f64; ColdRate::WINDOW],
+    len: usize,
+    next: usize,
 }
 
 impl ColdRate {
+    const WINDOW: usize = 8;
+
     pub fn get(&self) -> Option<f64> {
-        self.rate.get()
+        let mut samples = self.recent;
+        let samples = &mut samples[..self.len];
+        samples.sort_unstable_by(|a, b| b.total_cmp(a));
+        // With one or two samples the fastest; from three on, the second fastest.
+        let at = if samples.len() >= 3 { 1 } else { 0 };
+        samples.get(at).copied()
     }
 
-    /// Records a reply known to have evaluated its whole prompt. A rate far above the
-    /// learned one means part of the prompt was cached after all; it is not taken.
+    /// Records a reply believed to have evaluated its whole prompt.
     pub fn record(&mut self, tokens: u64, seconds: f64) {
         if tokens == 0 || seconds <= 0.0 || !seconds.is_finite() {
             return;
         }
-        let sample = tokens as f64 / seconds;
-        if self.samples >= 3 && self.get().is_some_and(|r| sample > 2.0 * r) {
-            return;
-        }
-        self.rate.record(sample);
-        self.samples = self.samples.saturating_add(1);
+        self.recent[self.next] = tokens as f64 / seconds;
+        self.next = (self.next + 1) % Self::WINDOW;
+        self.len = (self.len + 1).min(Self::WINDOW);
     }
 }
 
@@ -678,18 +690,31 @@ mod tests {
     }
 
     #[test]
-    fn cold_rate_ignores_replies_that_were_partly_cached() {
+    fn the_cold_rate_is_the_upper_end_of_recent_samples() {
         let mut r = ColdRate::default();
-        for _ in 0..3 {
-            r.record(1000, 1.0);
-        }
+        assert_eq!(r.get(), None);
+        // Prompts that shared the node's batches with others report a third of its speed.
+        r.record(1000, 3.0);
+        assert!((r.get().unwrap() - 333.3).abs() < 0.1);
+        // One evaluated alone shows the node's own speed.
+        r.record(1000, 1.0);
+        assert_eq!(r.get(), Some(1000.0));
+        // A reply that was partly cached after all is one outlier: not the rate.
         r.record(1000, 0.1);
         assert_eq!(r.get(), Some(1000.0));
-        r.record(900, 1.0);
-        assert!((r.get().unwrap() - 980.0).abs() < 1e-9);
+        for _ in 0..5 {
+            r.record(1000, 3.0);
+        }
+        assert_eq!(r.get(), Some(1000.0));
+        // Replies that say nothing are not samples.
         r.record(0, 1.0);
         r.record(10, 0.0);
-        assert!((r.get().unwrap() - 980.0).abs() < 1e-9);
+        assert_eq!(r.get(), Some(1000.0));
+        // Once the fast samples are older than the window, the node is that slow now.
+        for _ in 0..6 {
+            r.record(1000, 2.0);
+        }
+        assert_eq!(r.get(), Some(500.0));
     }
 
     fn has_room(h: &HostCache, tokens: u64, slots: usize, peers: Option<u64>) -> bool {

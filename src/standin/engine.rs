@@ -10,11 +10,12 @@
 //! each take about twice as long as one alone, and a slot generating beside a long prefill
 //! gets one token per full batch.
 //!
-//! The cost of one step: `prefill_per_token` per prompt token in it, plus one
-//! `decode_per_token` when it carries any generating slot's token (decoding reads the
-//! weights once per batch, however many sequences share it). A request alone on its model
-//! takes exactly what it took before there was an engine: its prefill, then one decode step
-//! per output token.
+//! The cost of one step: `prefill_per_token` per token in it, but at least one
+//! `decode_per_token` when it carries a generating slot's token (a batch reads the weights
+//! once, however many sequences share it: batched decoding is cheap, and a few decode tokens
+//! ride along with a prompt batch almost free). A request alone on its model takes exactly
+//! what it took before there was an engine: its prefill, then one decode step per output
+//! token.
 //!
 //! Durations a reply reports are the engine's own clock (the sum of the steps it took part
 //! in), not the wall clock, so a busy test machine does not change what a node reports.
@@ -251,24 +252,23 @@ fn plan(jobs: &[Need], rule: &BatchRule, next_slot: usize) -> (Vec<u32>, usize) 
     }
 }
 
-/// How long a step takes: its prompt tokens at the prefill rate, plus one decode when it
-/// carries a generating job's token.
+/// How long a step takes: its tokens at the prefill rate, or one decode step when it
+/// carries a generating job's token and that is longer (a batch reads the weights once, and
+/// a small one takes that long however few tokens it holds). A step of prompt tokens alone
+/// costs its tokens, as a lone request's prefill always has here.
 fn step_cost(jobs: &[Need], takes: &[u32], rule: &BatchRule) -> Duration {
-    let mut prompt = 0;
+    let mut tokens = 0;
     let mut decodes = false;
     for (job, &take) in jobs.iter().zip(takes) {
-        if job.prompt_left > 0 {
-            prompt += take;
-        } else if take > 0 {
-            decodes = true;
-        }
+        tokens += take;
+        decodes |= job.prompt_left == 0 && take > 0;
     }
-    let decode = if decodes {
-        rule.decode_per_token
+    let compute = rule.prefill_per_token * tokens;
+    if decodes {
+        compute.max(rule.decode_per_token)
     } else {
-        Duration::ZERO
-    };
-    rule.prefill_per_token * prompt + decode
+        compute
+    }
 }
 
 /// A request's view of its work on the engine.
@@ -344,7 +344,7 @@ mod tests {
         // 1 decode token, then slot 0's 400, then what is left of the batch for slot 2.
         assert_eq!(takes, vec![400, 1, 111]);
         let cost = step_cost(&jobs, &takes, &rule(Order::DecodeFirst, 512));
-        assert_eq!(cost, PREFILL * 511 + DECODE);
+        assert_eq!(cost, PREFILL * 512);
     }
 
     #[test]
@@ -373,6 +373,10 @@ mod tests {
     fn a_step_of_generating_tokens_alone_costs_one_decode() {
         let jobs = [generating(0), generating(3)];
         let r = rule(Order::DecodeFirst, 512);
+        let (takes, _) = plan(&jobs, &r, 0);
+        assert_eq!(step_cost(&jobs, &takes, &r), DECODE);
+        // A few prompt tokens beside them cost no more than the decode step.
+        let jobs = [generating(0), prefilling(1, 4)];
         let (takes, _) = plan(&jobs, &r, 0);
         assert_eq!(step_cost(&jobs, &takes, &r), DECODE);
     }
@@ -411,9 +415,9 @@ mod tests {
         assert_eq!(talker.prompt_evaluated().await, PREFILL * 512);
         // Step 2: the talker's first token beside 511 more of the reader's.
         assert!(talker.next_token().await);
-        assert_eq!(begun.elapsed(), PREFILL * (512 + 511) + DECODE);
-        // Step 3: the reader's last 2 with the talker's second token.
-        assert_eq!(reader.prompt_evaluated().await, PREFILL * 1025 + DECODE * 2);
+        assert_eq!(begun.elapsed(), PREFILL * (512 + 512));
+        // Step 3: the reader's last 2 with the talker's second token: a decode step.
+        assert_eq!(reader.prompt_evaluated().await, PREFILL * 1024 + DECODE);
     }
 
     #[tokio::test(start_paused = true)]
