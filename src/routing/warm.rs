@@ -159,18 +159,15 @@ pub struct ColdRate {
     recent: [f64; ColdRate::WINDOW],
     len: usize,
     next: usize,
+    /// The rate they give, worked out when a sample comes (requests read it far more often).
+    rate: Option<f64>,
 }
 
 impl ColdRate {
     const WINDOW: usize = 8;
 
     pub fn get(&self) -> Option<f64> {
-        let mut samples = self.recent;
-        let samples = &mut samples[..self.len];
-        samples.sort_unstable_by(|a, b| b.total_cmp(a));
-        // With one or two samples the fastest; from three on, the second fastest.
-        let at = if samples.len() >= 3 { 1 } else { 0 };
-        samples.get(at).copied()
+        self.rate
     }
 
     /// Records a reply believed to have evaluated its whole prompt.
@@ -181,6 +178,12 @@ impl ColdRate {
         self.recent[self.next] = tokens as f64 / seconds;
         self.next = (self.next + 1) % Self::WINDOW;
         self.len = (self.len + 1).min(Self::WINDOW);
+        let mut samples = self.recent;
+        let samples = &mut samples[..self.len];
+        samples.sort_unstable_by(|a, b| b.total_cmp(a));
+        // With one or two samples the fastest; from three on, the second fastest.
+        let at = if samples.len() >= 3 { 1 } else { 0 };
+        self.rate = samples.get(at).copied();
     }
 }
 
