@@ -915,6 +915,40 @@ mod tests {
     }
 
     #[test]
+    fn a_new_conversation_read_as_warm_under_a_too_slow_rate_still_corrects_it() {
+        let r = router_with(1, 1, false, NodeKind::Ollama);
+        let cold_rate = || {
+            r.fleet.nodes()[0].lock_books().models[MODEL]
+                .warm
+                .cold_rate
+                .get()
+        };
+        // A first prompt evaluated beside others: about 1000 tokens in 3 s.
+        let first = chat(&[&"x".repeat(4000)]);
+        serve_replying(
+            &r,
+            &first,
+            0,
+            r#"{"prompt_eval_count":1000,"prompt_eval_duration":3000000000}"#,
+        );
+        assert!(cold_rate().is_some_and(|t| (t - 333.3).abs() < 1.0));
+        // Another new conversation, evaluated alone: 1 s. Against 333 tokens/s it reads as
+        // two thirds cached; it is still the node's speed.
+        let other = chat(&[&"y".repeat(4000)]);
+        let o = serve_replying(
+            &r,
+            &other,
+            0,
+            r#"{"prompt_eval_count":1000,"prompt_eval_duration":1000000000}"#,
+        );
+        assert_eq!(
+            (o.predicted, o.observed),
+            (AffinityResult::New, Observed::Warm)
+        );
+        assert!(cold_rate().is_some_and(|t| (t - 1000.0).abs() < 1.0));
+    }
+
+    #[test]
     fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
         let r = router(2, 1);
         let mut config = (*r.config()).clone();

@@ -313,6 +313,7 @@ impl Residency {
     ) -> Resident {
         let mut next = self.next_instance.lock();
         *next += 1;
+        let batches = self.cfg.batch_rule();
         Resident {
             model,
             context,
@@ -321,17 +322,9 @@ impl Residency {
             last_used: Instant::now(),
             keep_alive,
             slots: Arc::new(if self.cfg.kind.is_llama_server() {
-                SlotTable::llama_server(
-                    self.cfg.num_parallel,
-                    self.cfg.cache_ram_tokens,
-                    self.cfg.batch_rule(),
-                )
+                SlotTable::llama_server(self.cfg.num_parallel, self.cfg.cache_ram_tokens, batches)
             } else {
-                SlotTable::new(
-                    self.cfg.num_parallel,
-                    self.cfg.multiuser_cache,
-                    self.cfg.batch_rule(),
-                )
+                SlotTable::new(self.cfg.num_parallel, self.cfg.multiuser_cache, batches)
             }),
             instance: *next,
         }

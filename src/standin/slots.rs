@@ -185,6 +185,9 @@ impl Drop for SlotLease {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::super::engine::Order;
     use super::*;
 
     fn slot(text: &str, busy: bool, last_used: u64) -> Slot {
@@ -259,10 +262,10 @@ mod tests {
 
     fn batches() -> BatchRule {
         BatchRule {
-            order: super::super::engine::Order::DecodeFirst,
+            order: Order::DecodeFirst,
             batch_tokens: 512,
-            prefill_per_token: std::time::Duration::ZERO,
-            decode_per_token: std::time::Duration::ZERO,
+            prefill_per_token: Duration::ZERO,
+            decode_per_token: Duration::ZERO,
         }
     }
 
