@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
 
-use super::slots::{SlotPolicy, choose_slot};
+use super::slots::{SlotPolicy, choose_slot, first_freed_since};
 use super::warm::{HostEntry, Measured, Observed, measure};
 use super::{AffinityResult, Candidate, Decision, Entry, HostProbe, Router};
 use crate::fleet::kind::Counting;
@@ -96,6 +96,7 @@ impl Router {
             node: node.clone(),
             model: p.model_key.clone(),
             slot: None,
+            unseen_slot: false,
             lineage: 0,
             remembered: Vec::new(),
             reserved,
@@ -128,6 +129,7 @@ impl Router {
         let settings = node.settings();
         let parallel = node.parallel();
         let tokens = u64::from(p.prompt_tokens);
+        let mut unseen = false;
         let (index, lineage) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
             let state = books.models.entry_ref(p.model_key.as_str()).or_default();
@@ -175,6 +177,7 @@ impl Router {
                     state.slots.push(Slot::default());
                     state.slots.len() - 1
                 });
+                unseen = chosen.is_none();
                 // The conversation the slot held is saved to host memory (llama-server's
                 // prompt cache; the old runner's cache, learned empty, keeps nothing).
                 let displaced = &state.slots[index];
@@ -210,6 +213,7 @@ impl Router {
             (index, lineage)
         });
         dispatch.slot = Some(index);
+        dispatch.unseen_slot = unseen;
         dispatch.lineage = lineage;
         dispatch.prediction = Some(Prediction {
             affinity: decision.affinity_for(node.id),
@@ -316,6 +320,9 @@ pub struct Dispatch {
     pub node: Arc<Node>,
     model: String,
     slot: Option<usize>,
+    /// The mirror gave the request a slot past those it knows (the old runner's every known
+    /// slot was busy): the node ran it in a slot corral has not seen, or queued it.
+    unseen_slot: bool,
     /// The slot lineage and prefix hashes `commit` recorded, for `abandon`.
     lineage: u64,
     remembered: Vec<u64>,
@@ -378,6 +385,35 @@ impl Dispatch {
         self.probe = self
             .probe
             .filter(|&believed| super::parallel::probe_queued(believed, shown));
+        if self.probe.is_some() && self.unseen_slot {
+            self.take_freed_slot();
+        }
+    }
+
+    /// A probe in a slot the mirror had not seen began beside no more than the node was
+    /// believed to run: the node likely queued it, and then gave it the first slot to free
+    /// after it was sent (the old runner waits for any slot, then takes an idle one). That
+    /// slot's conversation is gone from the node, and the probe's is there: the mirror
+    /// moves the request into it, or it would count the gone conversation warm and forget
+    /// the probe's.
+    fn take_freed_slot(&mut self) {
+        let Some(own) = self.slot else { return };
+        let moved = self.node.books(|books| {
+            let state = books.models.get_mut(&self.model)?;
+            // Only a slot this request alone holds moves.
+            state.slots.get(own).filter(|s| s.busy == 1)?;
+            let freed = first_freed_since(&state.slots, own, self.started)?;
+            let held = std::mem::take(&mut state.slots[own]);
+            state.slots[freed] = Slot {
+                busy: 1,
+                last_used: Some(Instant::now()),
+                ..held
+            };
+            Some(freed)
+        });
+        if let Some(freed) = moved {
+            self.slot = Some(freed);
+        }
     }
 
     /// Whether a probe that began beside no more than the believed number was queued by the

@@ -345,11 +345,12 @@ impl Router {
                 node.books(|books| {
                     let host_allowed = books.kind.host_cache != Some(false);
                     let state = books.models.get(&p.model_key)?;
-                    let in_slot = state
-                        .slots
-                        .iter()
-                        .find(|s| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
-                        .map(|s| Place::Slot(s.depth));
+                    // A slot past those the node was shown to run is one the mirror gave a
+                    // request sent past them: the node may have queued it and given it a
+                    // slot of its own choosing, so that conversation is not expected warm.
+                    let in_slot = (state.slots.iter().enumerate())
+                        .find(|(_, s)| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
+                        .map(|(i, s)| Place::Slot(s.depth, i < slots));
                     in_slot.or_else(|| {
                         let place = (state.warm.host).place(entry.lineage, peer_capacity, slots)?;
                         Some(Place::Host(place, host_allowed))
@@ -357,7 +358,7 @@ impl Router {
                 })
             });
             let (slot_depth, in_host, expected) = match found {
-                Some(Place::Slot(slot_depth)) => (slot_depth, false, true),
+                Some(Place::Slot(slot_depth, seen)) => (slot_depth, false, seen),
                 Some(Place::Host(place, allowed)) => {
                     if probe.is_none() {
                         probe = Some(HostProbe {
@@ -420,8 +421,9 @@ fn idle_models_use(nodes: &[Arc<Node>], node: &Node) -> Vec<u32> {
 
 /// Where a conversation's prefix was found on a node.
 enum Place {
-    /// In a slot, holding this many boundaries.
-    Slot(usize),
+    /// In a slot, holding this many boundaries; the flag says whether the node was shown to
+    /// run that many slots.
+    Slot(usize, bool),
     /// In the host-cache mirror; the flag says whether the node can have a host cache.
     Host(HostPlace, bool),
 }
@@ -1385,7 +1387,7 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_past_the_known_slots_takes_no_running_conversations_slot() {
+    fn a_probe_past_the_known_slots_takes_the_slot_that_frees_first_once_shown_queued() {
         // Old runner, slots not told: one slot believed. "a" runs in it when "b" is sent
         // past it as a probe; the node runs b in another slot or queues it, and a keeps
         // its slot either way.
@@ -1401,21 +1403,45 @@ mod tests {
         let mut probe = r.try_probe(candidate, &b).expect("probed");
         r.commit(&mut probe, &b, &decision_b);
         assert_eq!(node.lock_books().models[MODEL].slots.len(), 2);
-        for (turn, name) in [
-            (&["a", "reply", "more"], "a"),
-            (&["b", "reply", "more"], "b"),
-        ] {
-            let d = r.decide(&chat(turn)).unwrap();
-            assert_eq!(d.pin.map(|p| p.node), Some(0), "{name} is still pinned");
-        }
-        // b began only once a had ended: the node queued it, and so runs one slot. Which
-        // slot b then took is not known, and the mirror goes back to one slot.
+        let follow_up = |name: &str| {
+            let d = r.decide(&chat(&[name, "reply", "more"])).unwrap();
+            (d.pin.map(|p| p.node), d.affinity_for(0))
+        };
+        assert_eq!(follow_up("a"), (Some(0), AffinityResult::Hit));
+        // b is pinned (the node is the only one that may hold it), but in a slot the node
+        // has not shown it runs: not expected warm.
+        assert_eq!(follow_up("b"), (Some(0), AffinityResult::Miss));
+        // b began only once a had ended: the node queued it, gave it the slot a freed, and
+        // so runs one slot. a is gone from the node; b is warm in that slot.
         drop(first);
         probe.first_byte();
+        assert_eq!(follow_up("a"), (None, AffinityResult::Miss));
+        assert_eq!(follow_up("b"), (Some(0), AffinityResult::Hit));
         drop(probe);
         serve(&r, &chat(&["c"]), 0);
         assert_eq!(node.parallel(), 1);
         assert_eq!(node.lock_books().models[MODEL].slots.len(), 1);
+    }
+
+    #[test]
+    fn a_probe_that_begins_beside_the_known_slots_keeps_its_own() {
+        let r = router_with(1, 0, false, NodeKind::OllamaLegacy);
+        let (a, b) = (chat(&["a"]), chat(&["b"]));
+        let decision = r.decide(&a).unwrap();
+        let candidate = &decision.ranked[0];
+        let mut first = r.try_send(candidate, &a).expect("a slot free");
+        r.commit(&mut first, &a, &decision);
+        first.first_byte();
+        let decision_b = r.decide(&b).unwrap();
+        let mut probe = r.try_probe(candidate, &b).expect("probed");
+        r.commit(&mut probe, &b, &decision_b);
+        // b began while a streamed: the node runs both, each in its own slot.
+        probe.first_byte();
+        drop((first, probe));
+        for name in ["a", "b"] {
+            let d = r.decide(&chat(&[name, "reply", "more"])).unwrap();
+            assert_eq!(d.affinity_for(0), AffinityResult::Hit, "{name}");
+        }
     }
 
     #[test]

@@ -107,9 +107,51 @@ pub(super) fn choose_slot(
     }
 }
 
+/// The slot that freed first at or after `since`, other than `own`, and has not been given
+/// out since: the one the node gave a request it queued at `since`.
+pub(super) fn first_freed_since(slots: &[Slot], own: usize, since: Instant) -> Option<usize> {
+    slots
+        .iter()
+        .enumerate()
+        .filter(|&(i, s)| i != own && s.busy == 0 && s.last_used.is_some_and(|t| t >= since))
+        .min_by_key(|(_, s)| s.last_used)
+        .map(|(i, _)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queued_request_gets_the_slot_that_freed_first_after_it_was_sent() {
+        let sent = Instant::now();
+        let slot = |lineage, busy, freed_ms: Option<u64>| Slot {
+            lineage,
+            depth: 1,
+            last_used: freed_ms.map(|ms| sent + Duration::from_millis(ms)),
+            busy,
+            tokens: 10,
+        };
+        let before = Slot {
+            last_used: sent.checked_sub(Duration::from_millis(5)),
+            ..slot(6, 0, None)
+        };
+        // Slot 0 freed before it was sent, 1 runs, 2 freed at 30 ms, 3 at 10 ms, 4 is its own.
+        let slots = [
+            before,
+            slot(7, 1, Some(0)),
+            slot(8, 0, Some(30)),
+            slot(9, 0, Some(10)),
+            slot(5, 0, Some(1)),
+        ];
+        assert_eq!(first_freed_since(&slots, 4, sent), Some(3));
+        // Given out again since (busy): the next to free.
+        let mut retaken = slots.clone();
+        retaken[3].busy = 1;
+        assert_eq!(first_freed_since(&retaken, 4, sent), Some(2));
+        // Nothing freed since it was sent.
+        assert_eq!(first_freed_since(&slots[..2], 4, sent), None);
+    }
 
     #[test]
     fn by_default_a_busy_slot_is_not_taken_and_content_beats_emptiness() {
