@@ -28,8 +28,9 @@ pub use score::Scores;
 use crate::config::Config;
 use crate::fleet::{Fleet, Listener, Node};
 use crate::request::Profile;
-use slots::is_warm;
+use slots::{SlotPolicy, choose_slot, is_warm};
 use view::{ModelSizes, NodeView};
+use warm::HostEntry;
 use warm::HostPlace;
 
 pub struct Router {
@@ -352,7 +353,20 @@ impl Router {
                         .find(|(_, s)| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
                         .map(|(i, s)| Place::Slot(s.depth, i < slots));
                     in_slot.or_else(|| {
-                        let place = (state.warm.host).place(entry.lineage, peer_capacity, slots)?;
+                        // The slot the node restores it into: llama-server's choice for a
+                        // prompt no slot holds.
+                        let policy = SlotPolicy::LeastRecentlyUsed;
+                        let taken = choose_slot(&state.slots, policy, now, self.ttl())
+                            .and_then(|i| state.slots.get(i))
+                            .map(|s| HostEntry {
+                                lineage: s.lineage,
+                                depth: s.depth,
+                                tokens: s.tokens,
+                                last_used: s.last_used.unwrap_or(now),
+                            });
+                        let host = &state.warm.host;
+                        let place =
+                            host.place(entry.lineage, peer_capacity, slots, taken.as_ref())?;
                         Some(Place::Host(place, host_allowed))
                     })
                 })
@@ -774,6 +788,34 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_that_first_saves_the_slot_it_takes_can_push_its_own_conversation_out() {
+        let r = router(1, 1);
+        let long = "x".repeat(400);
+        let (a, b) = (chat(&["a", "r", &long]), chat(&["b", "r", &long]));
+        serve(&r, &a, 0);
+        serve(&r, &b, 0);
+        let follow_up = chat(&["a", "r", &long, "reply", "more"]);
+        assert_eq!(
+            r.decide(&follow_up).unwrap().affinity_for(0),
+            AffinityResult::Host
+        );
+        // The cache holds a alone, but restoring it saves b from the only slot first, and
+        // a cache one token short of both drops a to make room.
+        let both = u64::from(a.prompt_tokens + b.prompt_tokens);
+        let node = r.fleet.nodes()[0].clone();
+        (node.lock_books().models.get_mut(MODEL).unwrap().warm.host)
+            .set_capacity(Capacity::Tokens(both - 1));
+        let d = r.decide(&follow_up).unwrap();
+        assert_eq!((d.pin, d.affinity_for(0)), (None, AffinityResult::Miss));
+        (node.lock_books().models.get_mut(MODEL).unwrap().warm.host)
+            .set_capacity(Capacity::Tokens(both));
+        assert_eq!(
+            r.decide(&follow_up).unwrap().affinity_for(0),
+            AffinityResult::Host
+        );
+    }
+
+    #[test]
     fn idle_slots_are_copied_into_the_host_cache_as_llama_server_copies_them() {
         let r = router(1, 3);
         let long = "x".repeat(400);
@@ -875,10 +917,11 @@ mod tests {
         assert_eq!(d.affinity_for(1), AffinityResult::Miss);
         assert_eq!(d.probe.map(|p| p.node), Some(1));
         // ...so that its own reply decides: it kept it, and nothing shallower is doubted.
+        // (b1 is not shallower now: restoring it first saves a1, grown, from the slot.)
         let o = serve_replying(&r, &on_1, 1, &llama_cpp_reply(100, 3));
         assert_eq!((o.observed, o.agrees()), (Observed::Warm, Some(false)));
-        let b1 = chat(&["b1", "r", &long, "reply", "more"]);
-        assert_eq!(r.decide(&b1).unwrap().affinity_for(1), AffinityResult::Host);
+        let c1 = chat(&["c1", "r", &long, "reply", "more"]);
+        assert_eq!(r.decide(&c1).unwrap().affinity_for(1), AffinityResult::Host);
     }
 
     #[test]

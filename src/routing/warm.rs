@@ -372,9 +372,37 @@ impl HostCache {
         Some(entry)
     }
 
-    pub fn place(&self, lineage: u64, peers: Option<u64>, slots: usize) -> Option<HostPlace> {
+    /// Tokens saving `entry` would add: none where the cache holds it whole already.
+    fn adds(&self, entry: &HostEntry) -> u64 {
+        let held = (self.entries.iter()).any(|e| {
+            e.lineage == entry.lineage && e.depth >= entry.depth && e.tokens >= entry.tokens
+        });
+        if entry.lineage == 0 || held {
+            0
+        } else {
+            entry.tokens
+        }
+    }
+
+    /// Where `lineage` stands in the cache when the node restores it into a slot whose
+    /// conversation (`saved_first`) it saves first: llama-server makes room for that save
+    /// by dropping the oldest entries before it looks for the one to restore
+    /// (`server_prompt_cache::alloc`, then `load`), so the save can push out the very
+    /// conversation it is about to restore. The save counts in the tokens needed, which a
+    /// learned capacity judges; not in the conversations saved after it, which the guess
+    /// made before any limit is shown counts against the node's slots.
+    pub fn place(
+        &self,
+        lineage: u64,
+        peers: Option<u64>,
+        slots: usize,
+        saved_first: Option<&HostEntry>,
+    ) -> Option<HostPlace> {
         let capacity = self.capacity_with(peers);
-        let mut needed = 0;
+        let first = saved_first
+            .filter(|e| e.lineage != lineage)
+            .map_or(0, |e| self.adds(e));
+        let mut needed = first;
         for (newer, e) in self.entries.iter().rev().enumerate() {
             needed += e.tokens;
             if e.lineage == lineage {
@@ -742,7 +770,7 @@ mod tests {
         }
         // Nothing is known lost, but on a node of 2 slots only the 2 newest are expected.
         let expected = |h: &HostCache, lineage| {
-            let place = h.place(lineage, None, 2).unwrap();
+            let place = h.place(lineage, None, 2, None).unwrap();
             assert!(place.warm, "not known lost");
             place.expected
         };
@@ -769,11 +797,30 @@ mod tests {
         h.learn(400, 0, Observed::Cold);
         h.save(entry(4, 100));
         assert!(
-            h.place(2, None, 1).unwrap().expected,
+            h.place(2, None, 1, None).unwrap().expected,
             "300 tokens deep, whatever the slots"
         );
-        let lost = h.place(1, None, 2).unwrap();
+        let lost = h.place(1, None, 2, None).unwrap();
         assert!(!lost.warm && !lost.expected, "400 tokens deep");
+    }
+
+    #[test]
+    fn a_restore_counts_the_save_that_makes_room_for_the_slot_it_takes() {
+        let mut h = HostCache::default();
+        h.set_capacity(Capacity::Tokens(300));
+        h.save(entry(1, 100));
+        h.save(entry(2, 100));
+        h.save(entry(3, 50));
+        // 1 needs 250 of 300 tokens; a slot holding what the cache holds whole adds nothing.
+        let place = h.place(1, None, 4, Some(&entry(3, 50))).unwrap();
+        assert_eq!((place.needed, place.newer, place.warm), (250, 2, true));
+        // A slot holding 100 tokens the cache lacks is saved first, and pushes 1 out.
+        let place = h.place(1, None, 4, Some(&entry(4, 100))).unwrap();
+        assert_eq!((place.needed, place.newer), (350, 2));
+        assert!(!place.warm && !place.expected);
+        // A slot holding an older turn of the same conversation is no other save.
+        let place = h.place(1, None, 4, Some(&entry(1, 80))).unwrap();
+        assert_eq!(place.needed, 250);
     }
 
     #[test]
@@ -784,9 +831,9 @@ mod tests {
         h.save(entry(3, 300));
         // Conversation 1 needs 600 tokens of cache: warm with nothing known, cold by a
         // peer that was shown to keep 500.
-        assert!(h.place(1, None, 4).unwrap().warm);
-        assert!(!h.place(1, Some(500), 4).unwrap().warm);
-        assert!(h.place(2, Some(500), 4).unwrap().warm);
+        assert!(h.place(1, None, 4, None).unwrap().warm);
+        assert!(!h.place(1, Some(500), 4, None).unwrap().warm);
+        assert!(h.place(2, Some(500), 4, None).unwrap().warm);
         assert_eq!(
             h.room(4, Some(600), 0),
             3.0,
@@ -815,7 +862,7 @@ mod tests {
         h.save(entry(2, 9_000));
         // Conversation 2, the newest saved, comes back cold: llama-server keeps at least
         // a context's worth of tokens, so it was lost some other way, not for want of room.
-        h.learn(h.place(2, None, 4).unwrap().needed, 0, Observed::Cold);
+        h.learn(h.place(2, None, 4, None).unwrap().needed, 0, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Unbounded);
         assert_eq!(h.shown_limit(), None);
         // A cold reply deeper than that is a limit, learned no lower than what one holds.
@@ -850,18 +897,18 @@ mod tests {
         h.save(entry(1, 100));
         h.save(entry(2, 200));
         h.save(entry(3, 300));
-        assert_eq!(h.place(3, None, 4).map(|p| p.needed), Some(300));
-        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(600));
+        assert_eq!(h.place(3, None, 4, None).map(|p| p.needed), Some(300));
+        assert_eq!(h.place(1, None, 4, None).map(|p| p.needed), Some(600));
         assert!(
-            h.place(1, None, 4).unwrap().warm,
+            h.place(1, None, 4, None).unwrap().warm,
             "unbounded until a reply shows a limit"
         );
         // Saving again moves it to the newest end.
         h.save(entry(1, 120));
-        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(120));
-        assert_eq!(h.place(2, None, 4).map(|p| p.needed), Some(620));
+        assert_eq!(h.place(1, None, 4, None).map(|p| p.needed), Some(120));
+        assert_eq!(h.place(2, None, 4, None).map(|p| p.needed), Some(620));
         assert_eq!(h.take(2).map(|e| e.tokens), Some(200));
-        assert_eq!(h.place(2, None, 4), None);
+        assert_eq!(h.place(2, None, 4, None), None);
         assert_eq!(h.len(), 2);
     }
 
@@ -923,13 +970,13 @@ mod tests {
         // Copied again unchanged (an idle slot's copy): skipped, as llama-server skips a
         // prompt its cache contains whole, so 1 stays the oldest.
         h.save(entry(1, 100));
-        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(200));
+        assert_eq!(h.place(1, None, 4, None).map(|p| p.needed), Some(200));
         // Grown by a turn: saved as the newest.
         h.save(HostEntry {
             depth: 5,
             ..entry(1, 150)
         });
-        assert_eq!(h.place(1, None, 4).map(|p| p.needed), Some(150));
+        assert_eq!(h.place(1, None, 4, None).map(|p| p.needed), Some(150));
         assert_eq!(h.len(), 2);
     }
 
@@ -942,19 +989,19 @@ mod tests {
         // Conversation 2 needed 400 tokens and came back cold: the cache holds fewer, and
         // with nothing found warm yet, corral takes the middle of what is possible: from
         // the largest conversation it saved (100) to 399.
-        h.learn(h.place(2, None, 4).unwrap().needed, 0, Observed::Cold);
+        h.learn(h.place(2, None, 4, None).unwrap().needed, 0, Observed::Cold);
         assert_eq!(h.capacity(), Capacity::Tokens(249));
-        assert!(!h.place(2, None, 4).unwrap().warm);
-        assert!(!h.place(3, None, 4).unwrap().warm, "300 tokens deep");
+        assert!(!h.place(2, None, 4, None).unwrap().warm);
+        assert!(!h.place(3, None, 4, None).unwrap().warm, "300 tokens deep");
         assert!(
-            h.place(4, None, 4).unwrap().warm,
+            h.place(4, None, 4, None).unwrap().warm,
             "200 tokens deep still fits"
         );
         // Conversation 1, 500 deep, was warm after all, against one cold reply at 400:
         // each capacity misjudges one reply, and the largest (none) wins.
-        h.learn(h.place(1, None, 4).unwrap().needed, 0, Observed::Warm);
+        h.learn(h.place(1, None, 4, None).unwrap().needed, 0, Observed::Warm);
         assert_eq!(h.capacity(), Capacity::Unbounded);
-        assert!(h.place(2, None, 4).unwrap().warm);
+        assert!(h.place(2, None, 4, None).unwrap().warm);
         // An unknown verdict teaches nothing.
         h.learn(50, 0, Observed::Unknown);
         assert_eq!(h.capacity(), Capacity::Unbounded);
@@ -993,6 +1040,6 @@ mod tests {
         // The old runner keeps nothing: no saved conversation is warm.
         let mut none = HostCache::none();
         none.save(entry(9, 10));
-        assert!(!none.place(9, None, 4).unwrap().warm);
+        assert!(!none.place(9, None, 4, None).unwrap().warm);
     }
 }
