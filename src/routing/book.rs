@@ -182,12 +182,7 @@ impl Router {
                 // prompt cache; the old runner's cache, learned empty, keeps nothing).
                 let displaced = &state.slots[index];
                 if displaced.lineage != 0 && displaced.lineage != lineage {
-                    let saved = HostEntry {
-                        lineage: displaced.lineage,
-                        depth: displaced.depth,
-                        tokens: displaced.tokens,
-                        last_used: displaced.last_used.unwrap_or(now),
-                    };
+                    let saved = HostEntry::of(displaced, now);
                     state.warm.host.save(saved);
                 }
                 (index, lineage)
@@ -203,12 +198,7 @@ impl Router {
             // `server-context.cpp`, after `launch_slot_with_task`). The copies take room
             // there and push older conversations out.
             for idle in state.slots.iter().filter(|s| s.busy == 0) {
-                state.warm.host.save(HostEntry {
-                    lineage: idle.lineage,
-                    depth: idle.depth,
-                    tokens: idle.tokens,
-                    last_used: idle.last_used.unwrap_or(now),
-                });
+                state.warm.host.save(HostEntry::of(idle, now));
             }
             (index, lineage)
         });

@@ -358,12 +358,7 @@ impl Router {
                         let policy = SlotPolicy::LeastRecentlyUsed;
                         let taken = choose_slot(&state.slots, policy, now, self.ttl())
                             .and_then(|i| state.slots.get(i))
-                            .map(|s| HostEntry {
-                                lineage: s.lineage,
-                                depth: s.depth,
-                                tokens: s.tokens,
-                                last_used: s.last_used.unwrap_or(now),
-                            });
+                            .map(|s| HostEntry::of(s, now));
                         let host = &state.warm.host;
                         let place =
                             host.place(entry.lineage, peer_capacity, slots, taken.as_ref())?;

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use hashbrown::HashMap;
 
-use crate::fleet::Ewma;
 use crate::fleet::kind::Counting;
+use crate::fleet::{Ewma, Slot};
 use crate::proxy::reply::Reading;
 
 /// How many prompt tokens a reply was served from cache, as measured.
@@ -197,6 +197,18 @@ pub struct HostEntry {
     pub tokens: u64,
     /// When its last turn was served.
     pub last_used: Instant,
+}
+
+impl HostEntry {
+    /// What saving a slot's conversation at `now` puts in the cache.
+    pub fn of(slot: &Slot, now: Instant) -> HostEntry {
+        HostEntry {
+            lineage: slot.lineage,
+            depth: slot.depth,
+            tokens: slot.tokens,
+            last_used: slot.last_used.unwrap_or(now),
+        }
+    }
 }
 
 /// The node's host-memory prompt cache as corral believes it: saved conversations oldest
