@@ -690,6 +690,14 @@ mod tests {
         observation
     }
 
+    /// Ollama's final figures: `prompt_eval_count` and its duration in milliseconds.
+    fn ollama_reply(count: u64, prefill_ms: u64) -> String {
+        format!(
+            r#"{{"prompt_eval_count":{count},"prompt_eval_duration":{}}}"#,
+            prefill_ms * 1_000_000
+        )
+    }
+
     fn llama_cpp_reply(cached: u64, evaluated: u64) -> String {
         format!(
             r#"{{"timings":{{"cache_n":{cached},"prompt_n":{evaluated},"prompt_per_second":1000.0}}}}"#
@@ -798,12 +806,15 @@ mod tests {
         // a cache one token short of both drops a to make room.
         let both = u64::from(a.prompt_tokens + b.prompt_tokens);
         let node = r.fleet.nodes()[0].clone();
-        (node.lock_books().models.get_mut(MODEL).unwrap().warm.host)
-            .set_capacity(Capacity::Tokens(both - 1));
+        let capacity = |tokens| {
+            let mut books = node.lock_books();
+            let host = &mut books.models.get_mut(MODEL).unwrap().warm.host;
+            host.set_capacity(Capacity::Tokens(tokens));
+        };
+        capacity(both - 1);
         let d = r.decide(&follow_up).unwrap();
         assert_eq!((d.pin, d.affinity_for(0)), (None, AffinityResult::Miss));
-        (node.lock_books().models.get_mut(MODEL).unwrap().warm.host)
-            .set_capacity(Capacity::Tokens(both));
+        capacity(both);
         assert_eq!(
             r.decide(&follow_up).unwrap().affinity_for(0),
             AffinityResult::Host
@@ -925,12 +936,7 @@ mod tests {
         let long = "x".repeat(4000);
         // A new conversation: the whole prompt (about 1000 tokens) evaluated in 1 s.
         let first = chat(&[&long]);
-        let o = serve_replying(
-            &r,
-            &first,
-            0,
-            r#"{"prompt_eval_count":1000,"prompt_eval_duration":1000000000}"#,
-        );
+        let o = serve_replying(&r, &first, 0, &ollama_reply(1000, 1000));
         // Nothing to compare the duration with yet: the node's verdict is unknown.
         assert_eq!(
             (o.predicted, o.observed),
@@ -938,12 +944,7 @@ mod tests {
         );
         // The follow-up counts all 1010 tokens but took 10 ms: 10 evaluated.
         let next = chat(&[&long, "reply", "more"]);
-        let o = serve_replying(
-            &r,
-            &next,
-            0,
-            r#"{"prompt_eval_count":1010,"prompt_eval_duration":10000000}"#,
-        );
+        let o = serve_replying(&r, &next, 0, &ollama_reply(1010, 10));
         assert_eq!(o.predicted, AffinityResult::Hit);
         assert_eq!(o.measured.cached, Some(1000));
         assert_eq!(o.observed, Observed::Warm);
@@ -965,22 +966,12 @@ mod tests {
         };
         // A first prompt evaluated beside others: about 1000 tokens in 3 s.
         let first = chat(&[&"x".repeat(4000)]);
-        serve_replying(
-            &r,
-            &first,
-            0,
-            r#"{"prompt_eval_count":1000,"prompt_eval_duration":3000000000}"#,
-        );
+        serve_replying(&r, &first, 0, &ollama_reply(1000, 3000));
         assert!(cold_rate().is_some_and(|t| (t - 333.3).abs() < 1.0));
         // Another new conversation, evaluated alone: 1 s. Against 333 tokens/s it reads as
         // two thirds cached; it is still the node's speed.
         let other = chat(&[&"y".repeat(4000)]);
-        let o = serve_replying(
-            &r,
-            &other,
-            0,
-            r#"{"prompt_eval_count":1000,"prompt_eval_duration":1000000000}"#,
-        );
+        let o = serve_replying(&r, &other, 0, &ollama_reply(1000, 1000));
         assert_eq!(
             (o.predicted, o.observed),
             (AffinityResult::New, Observed::Warm)
