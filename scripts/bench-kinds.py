@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Routing quality per node kind, corral not told the kind: corral-bench replay over stand-ins
 that follow one real server's rule each, at 1x and 2x as many live conversations as the
-fleet has slots, several seeds; prints median [min-max] per cell.
+fleet has slots, several seeds; prints median [min-max] per cell, then where corral stands
+against issue 9's goals in each cell (when baselines ran beside it).
 
 Usage: scripts/bench-kinds.py [--bench PATH] [--seeds 5] [--kinds ollama,ollama-legacy,llama-cpp,openai]
                               [--move-cost 2] [--policies corral,hash-by-slots,...] [--time-scale 10]
@@ -64,6 +65,7 @@ def main():
     POLICIES[:] = args.policies.split(",")
     print("| kind | live / slots | policy | follow-up warm % | follow-up TTFT p50 ms | p90 ms | first-turn TTFT p50 ms | mean TTFT, all turns, ms | follow-ups moved | corral's prediction agrees | wrong predictions (claim->node@turn) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    cells = []  # (kind, load, {policy: medians}, agreed, checked) for the goals table
     for kind in args.kinds.split(","):
         for live in [int(n) * SLOTS for n in args.loads.split(",")]:
             rows = {p: {"warm": [], "p50": [], "p90": [], "first": [], "mean": [], "moved": [], "agree": [0, 0], "wrong": {},
@@ -99,7 +101,52 @@ def main():
                 print(f"| {kind} | {live // SLOTS}x | {p} | {cell(r['warm'], '{:.1f}')} | "
                       f"{cell(r['p50'], '{:.1f}')} | {cell(r['p90'], '{:.1f}')} | {cell(r['first'], '{:.1f}')} | "
                       f"{cell(r['mean'], '{:.1f}')} | {cell(r['moved'], '{:.0f}')} | {agree} | {wrong} |")
+            medians = {p: {m: statistics.median(rows[p][m]) for m in ("warm", "p50", "p90")}
+                       for p in POLICIES if rows[p]["warm"]}
+            agreed, checked = rows["corral"]["agree"] if "corral" in rows else (0, 0)
+            cells.append((kind, live // SLOTS, medians, agreed, checked))
             sys.stdout.flush()
+    print_goals(cells)
+
+
+def print_goals(cells):
+    """Issue 9's goals per cell, each measure against the best baseline on that measure: warm
+    share within 2 points, follow-up TTFT p50 and p90 within 10%, prediction agreement of at
+    least 90% (per load, and per kind over the loads run)."""
+    if not any("corral" in m and len(m) > 1 for _, _, m, _, _ in cells):
+        return
+    print()
+    print("| kind | load | warm share | TTFT p50 | TTFT p90 | agreement at this load |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    verdict = lambda ok: "met" if ok else "**missed**"
+    per_kind = {}
+    for kind, load, m, agreed, checked in cells:
+        if "corral" not in m or len(m) < 2:
+            continue
+        c = m["corral"]
+        base = {p: v for p, v in m.items() if p != "corral"}
+        warm = max(base, key=lambda p: base[p]["warm"])
+        p50 = min(base, key=lambda p: base[p]["p50"])
+        p90 = min(base, key=lambda p: base[p]["p90"])
+        cols = [
+            f"{c['warm']:.1f} vs {base[warm]['warm']:.1f} ({warm}): "
+            f"{verdict(c['warm'] >= base[warm]['warm'] - 2)}",
+        ]
+        for q, best in (("p50", p50), ("p90", p90)):
+            ratio = c[q] / base[best][q] - 1
+            cols.append(f"{c[q]:.1f} vs {base[best][q]:.1f} ms ({best}, {ratio:+.0%}): "
+                        f"{verdict(ratio <= 0.10)}")
+        share = agreed / checked if checked else 0
+        cols.append(f"{agreed}/{checked} ({share:.0%}): {verdict(share >= 0.9)}" if checked else "")
+        print(f"| {kind} | {load}x | " + " | ".join(cols) + " |")
+        k = per_kind.setdefault(kind, [0, 0])
+        k[0] += agreed
+        k[1] += checked
+    print()
+    for kind, (agreed, checked) in per_kind.items():
+        if checked:
+            print(f"- {kind}: prediction agrees on {agreed}/{checked} follow-ups over the loads run "
+                  f"({agreed / checked:.1%}): {verdict(agreed >= 0.9 * checked)}")
 
 
 if __name__ == "__main__":
