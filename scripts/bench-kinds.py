@@ -136,8 +136,8 @@ def print_goals(cells):
             ratio = c[q] / base[best][q] - 1
             cols.append(f"{c[q]:.1f} vs {base[best][q]:.1f} ms ({best}, {ratio:+.0%}): "
                         f"{verdict(ratio <= 0.10)}")
-        share = agreed / checked if checked else 0
-        cols.append(f"{agreed}/{checked} ({share:.0%}): {verdict(share >= 0.9)}" if checked else "")
+        cols.append(f"{agreed}/{checked} ({agreed / checked:.0%}): {verdict(agreed >= 0.9 * checked)}"
+                    if checked else "")
         print(f"| {kind} | {load}x | " + " | ".join(cols) + " |")
         k = per_kind.setdefault(kind, [0, 0])
         k[0] += agreed
