@@ -413,7 +413,14 @@ impl Config {
         for key in pingora_keys() {
             map.remove(key.as_str());
         }
-        let config: Config = serde_yaml::from_value(doc).map_err(|e| e.to_string())?;
+        let config: Config = serde_path_to_error::deserialize(doc).map_err(|e| {
+            // The path ends at the bad key itself (`weights.model_loded: unknown field ...`);
+            // it is "." for an error in the document as a whole.
+            match e.path().to_string().as_str() {
+                "." => e.inner().to_string(),
+                path => format!("{path}: {}", e.inner()),
+            }
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -628,7 +635,21 @@ mod tests {
         let err = Config::from_yaml("listne: 1.2.3.4:5").unwrap_err();
         assert!(err.contains("listne"), "{err}");
         let err = Config::from_yaml("weights:\n  model_loded: 3\n").unwrap_err();
-        assert!(err.contains("model_loded"), "{err}");
+        assert!(
+            err.starts_with("weights.model_loded: unknown field `model_loded`, expected one of"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_value_is_named_by_its_path() {
+        let err = Config::from_yaml(
+            "nodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\n  - {name: b, url: 'http://127.0.0.1:2', memory_gb: lots}\n",
+        )
+        .unwrap_err();
+        assert!(err.starts_with("nodes[1].memory_gb: invalid type"), "{err}");
+        let err = Config::from_yaml("queue:\n  max_wait: soon\n").unwrap_err();
+        assert!(err.starts_with("queue.max_wait: "), "{err}");
     }
 
     #[test]

@@ -24,10 +24,40 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Pingora's flags: -c FILE (the configuration), -d (daemon), -t (test the config),
-    /// -u (graceful upgrade).
     #[command(flatten)]
-    pingora: Opt,
+    server: ServerFlags,
+}
+
+/// The flags corral passes on to Pingora's server. They are declared here, not taken from
+/// Pingora's `Opt`, whose help texts are mislabelled (its `-u` reads "This is the base set of
+/// command line arguments for a pingora-based service").
+#[derive(clap::Args)]
+struct ServerFlags {
+    /// The configuration file: corral's keys and Pingora's server keys (see conf/corral.yaml)
+    #[arg(short, long, value_name = "FILE")]
+    conf: Option<String>,
+    /// Check the configuration and exit
+    #[arg(short, long)]
+    test: bool,
+    /// Run in the background
+    #[arg(short, long)]
+    daemon: bool,
+    /// Take over the listening sockets of a running corral (graceful upgrade; send the old
+    /// process SIGQUIT once this one waits)
+    #[arg(short, long)]
+    upgrade: bool,
+}
+
+impl From<ServerFlags> for Opt {
+    fn from(flags: ServerFlags) -> Self {
+        Opt {
+            conf: flags.conf,
+            test: flags.test,
+            daemon: flags.daemon,
+            upgrade: flags.upgrade,
+            ..Opt::default()
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -51,7 +81,7 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<(), String> {
-    let config = match &cli.pingora.conf {
+    let config = match &cli.server.conf {
         Some(path) => Config::load(Path::new(path))?,
         None => Config::default(),
     };
@@ -71,13 +101,13 @@ fn run(cli: Cli) -> Result<(), String> {
         None => config,
     };
     config.validate()?;
-    if cli.pingora.test {
+    if cli.server.test {
         println!(
             "corral: configuration is valid ({} nodes)",
             config.nodes.len()
         );
     }
-    let server = corral::server::build(config, cli.pingora)?;
+    let server = corral::server::build(config, cli.server.into())?;
     server.run_forever()
 }
 

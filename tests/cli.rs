@@ -1,0 +1,118 @@
+//! The command line as a user meets it: the flags `--help` lists, checking a configuration
+//! with `-t`, and the errors corral gives at start instead of running.
+
+use std::process::{Command, Output};
+
+fn corral(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_corral"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("corral runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn config_file(yaml: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    std::fs::write(file.path(), yaml).expect("config written");
+    file
+}
+
+#[test]
+fn help_lists_each_server_flag_with_what_it_does() {
+    let out = corral(&["--help"]);
+    assert!(out.status.success(), "{out:?}");
+    let help = text(&out.stdout);
+    for (flag, says) in [
+        ("-c, --conf <FILE>", "The configuration file"),
+        ("-t, --test", "Check the configuration and exit"),
+        ("-d, --daemon", "Run in the background"),
+        ("-u, --upgrade", "graceful upgrade"),
+    ] {
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with(flag))
+            .unwrap_or_else(|| panic!("no {flag} in:\n{help}"));
+        assert!(line.contains(says), "{flag} says: {line}");
+    }
+    // Pingora's own `Opt` labels -u with its struct's description.
+    assert!(
+        !help.contains("base set of command line arguments"),
+        "{help}"
+    );
+}
+
+#[test]
+fn test_flag_accepts_a_valid_configuration_and_exits() {
+    let conf = config_file(
+        "threads: 1\nnodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\n  - {name: b, url: 'http://127.0.0.1:2'}\n",
+    );
+    let path = conf.path().to_str().expect("utf-8 path");
+    let out = corral(&["-t", "-c", path]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stdout).contains("configuration is valid (2 nodes)"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn test_flag_names_the_bad_key_and_fails() {
+    let conf = config_file(
+        "nodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\nweights:\n  model_loded: 3\n",
+    );
+    let path = conf.path().to_str().expect("utf-8 path");
+    let out = corral(&["-t", "-c", path]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "corral: config {path}: weights.model_loded: unknown field `model_loded`"
+        )),
+        "{err}"
+    );
+    assert!(text(&out.stdout).is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_bad_value_is_named_by_where_it_is() {
+    let conf = config_file(
+        "nodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\n  - {name: b, url: 'http://127.0.0.1:2', num_parallel: two}\n",
+    );
+    let path = conf.path().to_str().expect("utf-8 path");
+    let out = corral(&["-c", path]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(err.contains("nodes[1].num_parallel: invalid type"), "{err}");
+}
+
+#[test]
+fn without_nodes_it_says_how_to_give_some() {
+    let out = corral(&[]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no nodes configured: pass -c conf/corral.yaml"),
+        "{err}"
+    );
+    if cfg!(feature = "demo") {
+        assert!(err.contains("corral demo"), "{err}");
+    }
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let out = corral(&["-c", "/nonexistent/corral.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot read config /nonexistent/corral.yaml"),
+        "{err}"
+    );
+}
