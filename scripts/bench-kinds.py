@@ -15,6 +15,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+
+from benchstats import cell
 import tempfile
 
 POLICIES = ["corral", "hash-by-slots", "least-per-slot", "random-resident"]
@@ -41,11 +43,6 @@ def run(bench, kind, live, seed, out, move_cost, time_scale, slots_untold, keep)
     with open(f"{out}/replay.json") as f:
         report = json.load(f)
     return report["workloads"][0]["policies"]
-
-
-def cell(values, fmt):
-    values = sorted(values)
-    return f"{fmt.format(statistics.median(values))} [{fmt.format(values[0])}-{fmt.format(values[-1])}]"
 
 
 def main():

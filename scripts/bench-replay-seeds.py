@@ -12,9 +12,10 @@ it again. One seed of all four workloads takes about 7 minutes on 2 cores.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
+
+from benchstats import cell
 
 POLICIES = ["random", "round-robin", "least-connections", "sticky-hash", "corral"]
 
@@ -32,11 +33,6 @@ def report(bench, seed, out, reuse):
 
 def share(w):
     return 100.0 * w["cached_tokens"] / w["prompt_tokens"] if w["prompt_tokens"] else 0.0
-
-
-def cell(values, fmt):
-    values = sorted(values)
-    return f"{fmt.format(statistics.median(values))} [{fmt.format(values[0])}-{fmt.format(values[-1])}]"
 
 
 def main():

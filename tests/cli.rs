@@ -15,13 +15,16 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn config_file(yaml: &str) -> tempfile::NamedTempFile {
+/// Runs corral with `flags` and `-c` a file holding `yaml`; returns its output and the path.
+fn corral_with_config(yaml: &str, flags: &[&str]) -> (Output, String) {
     let file = tempfile::Builder::new()
         .suffix(".yaml")
         .tempfile()
         .expect("temp file");
     std::fs::write(file.path(), yaml).expect("config written");
-    file
+    let path = file.path().to_str().expect("utf-8 path").to_string();
+    let args: Vec<&str> = flags.iter().copied().chain(["-c", path.as_str()]).collect();
+    (corral(&args), path)
 }
 
 #[test]
@@ -50,11 +53,10 @@ fn help_lists_each_server_flag_with_what_it_does() {
 
 #[test]
 fn test_flag_accepts_a_valid_configuration_and_exits() {
-    let conf = config_file(
+    let (out, _) = corral_with_config(
         "threads: 1\nnodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\n  - {name: b, url: 'http://127.0.0.1:2'}\n",
+        &["-t"],
     );
-    let path = conf.path().to_str().expect("utf-8 path");
-    let out = corral(&["-t", "-c", path]);
     assert!(out.status.success(), "{out:?}");
     assert!(
         text(&out.stdout).contains("configuration is valid (2 nodes)"),
@@ -64,11 +66,10 @@ fn test_flag_accepts_a_valid_configuration_and_exits() {
 
 #[test]
 fn test_flag_names_the_bad_key_and_fails() {
-    let conf = config_file(
+    let (out, path) = corral_with_config(
         "nodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\nweights:\n  model_loded: 3\n",
+        &["-t"],
     );
-    let path = conf.path().to_str().expect("utf-8 path");
-    let out = corral(&["-t", "-c", path]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = text(&out.stderr);
     assert!(
@@ -82,11 +83,10 @@ fn test_flag_names_the_bad_key_and_fails() {
 
 #[test]
 fn a_bad_value_is_named_by_where_it_is() {
-    let conf = config_file(
+    let (out, _) = corral_with_config(
         "nodes:\n  - {name: a, url: 'http://127.0.0.1:1'}\n  - {name: b, url: 'http://127.0.0.1:2', num_parallel: two}\n",
+        &[],
     );
-    let path = conf.path().to_str().expect("utf-8 path");
-    let out = corral(&["-c", path]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = text(&out.stderr);
     assert!(err.contains("nodes[1].num_parallel: invalid type"), "{err}");
