@@ -403,6 +403,63 @@ async fn a_conversation_displaced_into_host_memory_goes_back_to_its_node() {
     );
 }
 
+/// When a slot frees, a turn whose conversation the node keeps warm goes before a cold
+/// request that has waited longer: the warm turn's prefill is short, so it starts at once
+/// and the queue's median wait falls.
+#[tokio::test]
+async fn a_warm_turn_waiting_for_its_node_goes_before_a_cold_one_that_came_first() {
+    let mut cfg = fast_node("n");
+    cfg.num_parallel = 1;
+    cfg.decode_per_token = Duration::from_millis(20);
+    cfg.kind = corral::standin::StandinKind::Ollama;
+    cfg.cache_ram_tokens = 100_000;
+    let node = start(cfg).await;
+    let admin_port = free_port();
+    let router = Router::start(
+        vec![NodeSpec::of(&node, 1)],
+        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
+    )
+    .await;
+    let fleet_url = format!("http://127.0.0.1:{admin_port}/fleet");
+    let waiting = async |n: u64| get_json(&fleet_url).await["waiting"] == n;
+    let send = |t: Vec<String>| {
+        let request = client()
+            .post(format!("{}/api/chat", router.url()))
+            .json(&chat_body(&t, false));
+        tokio::spawn(async move {
+            let resp = request.send().await.expect("a reply");
+            (resp.status().as_u16(), header(&resp, "x-fleet-affinity"))
+        })
+    };
+
+    let a1 = turns("the warm conversation");
+    let (_, _, reply) = chat(&router, &a1).await;
+    // Another conversation takes the only slot; the first one stays in host memory.
+    let held = hold(&router, "holding the slot", 4000).await;
+    // Cold requests wait before and after it, so that neither first come first served nor
+    // last come first served would serve it first.
+    let before = send(turns("a cold conversation"));
+    eventually("the cold request waits", async || waiting(1).await).await;
+    let warm = send(follow(a1, reply, "And then?"));
+    eventually("the warm turn waits behind it", async || waiting(2).await).await;
+    let after = send(turns("another cold conversation"));
+    eventually("another cold request waits", async || waiting(3).await).await;
+    drop(held);
+
+    assert_eq!(warm.await.unwrap(), (200, "host".to_string()));
+    for cold in [before, after] {
+        assert_eq!(cold.await.unwrap(), (200, "new".to_string()));
+    }
+    let log = node.log();
+    let [.., first, second, third] = log.as_slice() else {
+        panic!("the node served all three: {log:?}");
+    };
+    assert!(
+        first.cached_tokens > 100 && second.cached_tokens.max(third.cached_tokens) < 100,
+        "the warm turn took the freed slot first: {log:?}"
+    );
+}
+
 /// A llama.cpp server shows its slots in `/props`; corral, configured with the default
 /// `num_parallel` (1), learns them and runs that many requests there at once instead of
 /// queueing all but one.

@@ -111,6 +111,9 @@ pub struct ModelState {
     pub in_flight: u32,
     /// Requests waiting in corral for a slot here, this node being their best choice.
     pub waiting: u32,
+    /// Of those waiting, the ones warm here: a cold request leaves them the slots they wait
+    /// for (see [`crate::routing::Router::try_send`]).
+    pub waiting_warm: u32,
     /// Of the requests in flight, those whose reply has begun: the node runs them at once.
     pub streaming: u32,
     pub slots: Vec<Slot>,

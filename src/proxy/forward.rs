@@ -18,7 +18,9 @@ use crate::config::Config;
 use crate::fleet::{Evidence, Node, Rules};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
-use crate::routing::{Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket};
+use crate::routing::{
+    Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket, yields_to_warm,
+};
 
 pub struct Forwarder {
     upstream: Upstream,
@@ -110,8 +112,6 @@ impl Forwarder {
         let mut waiting_since: Option<Instant> = None;
         let listener = router.listen(&profile.model_key);
         loop {
-            // The request's own wait must not weigh on its new ranking.
-            drop(waiting.take());
             // Listen before looking, so that news meanwhile is not missed.
             let news = listener.news(&router.fleet.wakeups);
             let tried: Vec<u16> = failures.iter().map(|f| f.node).collect();
@@ -119,12 +119,17 @@ impl Forwarder {
             // Decide and count the request on its node (reserving any load it starts) as
             // one step, so that requests arriving together see each other's loads.
             let placing = router.placement();
+            // The request's own wait must not weigh on its new ranking. Given up only now,
+            // under the lock every decision takes: until this request has decided, a
+            // request cold on its node still sees it waiting warm there.
+            drop(waiting.take());
             let decided = router.decide_with(profile, config);
             let picked = decided.as_ref().map(|decision| {
                 let choice = if exhausted {
                     Pick::Exhausted
                 } else {
-                    pick(router, decision, &tried, profile)
+                    let waited = waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
+                    pick(router, decision, &tried, profile, waited, config)
                 };
                 (decision, choice)
             });
@@ -142,7 +147,9 @@ impl Forwarder {
                     // waiting (for the best-ranked node) like any other wait.
                     let max = config.queue.max_waiting;
                     let best = decision.ranked.first().map(|c| &c.node);
-                    waiting = best.and_then(|n| router.wait_ticket(n, &profile.model_key, max));
+                    waiting = best.and_then(|n| {
+                        router.wait_ticket(n, &profile.model_key, decision.warm_on(n.id), max)
+                    });
                     if waiting.is_none() {
                         let message = "too many requests are waiting for a node";
                         return busy(session, ctx, message, config).await;
@@ -168,7 +175,8 @@ impl Forwarder {
                 Pick::Exhausted => return fail(session, ctx, &failures).await,
                 Pick::Wait(best) => {
                     let max = config.queue.max_waiting;
-                    waiting = router.wait_ticket(&best.node, &profile.model_key, max);
+                    let warm = decision.warm_on(best.node.id);
+                    waiting = router.wait_ticket(&best.node, &profile.model_key, warm, max);
                     if waiting.is_none() {
                         let message = "too many requests are waiting for a node";
                         return busy(session, ctx, message, config).await;
@@ -178,10 +186,16 @@ impl Forwarder {
                     match race(session, left, news).await {
                         Wait::Done(()) => continue,
                         Wait::TimedOut => {
+                            if let Some(ticket) = waiting.take() {
+                                ticket.leave();
+                            }
                             let message = "no node had a free slot in time";
                             return busy(session, ctx, message, config).await;
                         }
                         Wait::ClientGone => {
+                            if let Some(ticket) = waiting.take() {
+                                ticket.leave();
+                            }
                             ctx.client_gone = true;
                             return Ok(());
                         }
@@ -435,6 +449,8 @@ fn pick<'d>(
     decision: &'d Decision,
     tried: &[u16],
     profile: &Profile,
+    waited: Duration,
+    config: &Config,
 ) -> Pick<'d> {
     let mut untried = decision
         .ranked
@@ -447,9 +463,11 @@ fn pick<'d>(
             None => return Pick::Exhausted,
         },
     };
+    let warm = decision.warm_on(best.node.id);
+    let yields = yields_to_warm(warm, waited, config.queue.max_wait);
     // Rather than wait for the best node, probe whether it runs more requests at once.
     match router
-        .try_send(best, profile)
+        .try_send(best, profile, yields)
         .or_else(|| router.try_probe(best, profile))
     {
         Some(dispatch) => Pick::Send(best, dispatch),

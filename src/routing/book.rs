@@ -25,17 +25,23 @@ impl Router {
         self: &Arc<Self>,
         node: &Arc<Node>,
         model: &str,
+        warm: bool,
         max: usize,
     ) -> Option<WaitTicket> {
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= max {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        node.books(|books| books.models.entry_ref(model).or_default().waiting += 1);
+        node.books(|books| {
+            let state = books.models.entry_ref(model).or_default();
+            state.waiting += 1;
+            state.waiting_warm += u32::from(warm);
+        });
         Some(WaitTicket {
             router: self.clone(),
             node: node.clone(),
             model: model.to_string(),
+            warm,
         })
     }
 
@@ -43,14 +49,22 @@ impl Router {
     /// `num_parallel` requests for the model (else the request should wait, or go
     /// elsewhere). The returned guard gives the count back when dropped, on every path.
     pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Dispatch> {
-        self.dispatch(node, p, false, false)
+        self.dispatch(node, p, false, false, false)
     }
 
     /// [`Router::try_dispatch`] to a ranked candidate. Where the model is not resident, the
     /// request loads it: the model's memory is reserved there until the request ends, and
     /// it counts as loading for the next decisions (call under [`Router::placement`]).
-    pub fn try_send(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
-        self.dispatch(&candidate.node, p, !candidate.resident, false)
+    ///
+    /// `yields`: the request leaves to the requests waiting warm for the node the slots they
+    /// wait for ([`super::stay::yields_to_warm`]).
+    pub fn try_send(
+        self: &Arc<Self>,
+        candidate: &Candidate,
+        p: &Profile,
+        yields: bool,
+    ) -> Option<Dispatch> {
+        self.dispatch(&candidate.node, p, !candidate.resident, false, yields)
     }
 
     /// [`Router::try_send`] past the number the node is believed to run at once (up to
@@ -63,7 +77,7 @@ impl Router {
         {
             return None;
         }
-        self.dispatch(node, p, !candidate.resident, true)
+        self.dispatch(node, p, !candidate.resident, true, false)
     }
 
     fn dispatch(
@@ -72,6 +86,7 @@ impl Router {
         p: &Profile,
         loads: bool,
         probe: bool,
+        yields: bool,
     ) -> Option<Dispatch> {
         let believed = node.parallel();
         let limit = if probe {
@@ -81,7 +96,8 @@ impl Router {
         };
         let reserved = node.books(|books| {
             let state = books.models.entry_ref(p.model_key.as_str()).or_default();
-            if state.in_flight as usize >= limit {
+            let left_to_warm = if yields { state.waiting_warm } else { 0 };
+            if (state.in_flight + left_to_warm) as usize >= limit {
                 return None;
             }
             state.in_flight += 1;
@@ -260,6 +276,19 @@ pub struct WaitTicket {
     router: Arc<Router>,
     node: Arc<Node>,
     model: String,
+    warm: bool,
+}
+
+impl WaitTicket {
+    /// Leaves the queue without deciding again (timed out, or the client left): requests
+    /// that left a freed slot to this one, as it waited warm there, look again.
+    pub fn leave(self) {
+        let wake = self.warm.then(|| (self.router.clone(), self.model.clone()));
+        drop(self);
+        if let Some((router, model)) = wake {
+            router.fleet.wakeups.model_changed(&model);
+        }
+    }
 }
 
 impl Drop for WaitTicket {
@@ -267,6 +296,7 @@ impl Drop for WaitTicket {
         self.node.books(|books| {
             if let Some(state) = books.models.get_mut(&self.model) {
                 state.waiting = state.waiting.saturating_sub(1);
+                state.waiting_warm = state.waiting_warm.saturating_sub(u32::from(self.warm));
             }
             forget_if_unused(&mut books.models, &self.model);
         });

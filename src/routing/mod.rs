@@ -24,6 +24,7 @@ use arc_swap::ArcSwap;
 pub use affinity::{AffinityTable, Entry};
 pub use book::{Dispatch, Observation, Outcome, WaitTicket};
 pub use score::Scores;
+pub use stay::yields_to_warm;
 
 use crate::config::Config;
 use crate::fleet::{Fleet, Listener, Node};
@@ -184,6 +185,14 @@ impl Decision {
             direct: true,
             probe: None,
         }
+    }
+
+    /// The request's prefix is expected warm on the node with this id.
+    pub fn warm_on(&self, node: u16) -> bool {
+        matches!(
+            self.affinity_for(node),
+            AffinityResult::Hit | AffinityResult::Host
+        )
     }
 
     /// The affinity result if the request goes to the node with this id.
@@ -557,7 +566,7 @@ mod tests {
             r.try_dispatch(node, &other).is_none(),
             "its one slot is taken"
         );
-        let _two = r.wait_ticket(node, MODEL, 8).unwrap();
+        let _two = r.wait_ticket(node, MODEL, false, 8).unwrap();
         let d = r.decide(&follow_up).unwrap();
         assert!((total_of(&d, 0) - total_of(&d, 1) + 2.0).abs() < 1e-9);
         assert_eq!(d.ranked[0].node.id, 1, "the idle peer wins at depth two");
@@ -583,7 +592,7 @@ mod tests {
             .map(|_| r.try_dispatch(node, &other).unwrap())
             .collect();
         let waiting: Vec<_> = (0..4)
-            .map(|_| r.wait_ticket(node, MODEL, 8).unwrap())
+            .map(|_| r.wait_ticket(node, MODEL, false, 8).unwrap())
             .collect();
         let d = r.decide(&follow_up).unwrap();
         let queue = 5.0 / 4.0;
@@ -651,7 +660,7 @@ mod tests {
             model_key: "invented:1b".into(),
             ..invented
         };
-        drop(r.wait_ticket(&node, &invented.model_key, 8));
+        drop(r.wait_ticket(&node, &invented.model_key, false, 8));
         let mut failed = r.try_dispatch(&node, &invented).unwrap();
         failed.finish(Outcome::default());
         drop(failed);
@@ -993,7 +1002,7 @@ mod tests {
         let follow_up = chat(&["a", "r", &long, "reply", "more"]);
         let other = chat(&["unrelated"]);
         let _one = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
-        let _two = r.wait_ticket(&r.fleet.nodes()[0], MODEL, 8).unwrap();
+        let _two = r.wait_ticket(&r.fleet.nodes()[0], MODEL, false, 8).unwrap();
         // Depth two: by the signals alone the idle peer leads by 2 (the worked example),
         // but node 0 serves in microseconds, and a move costs 2 x 106 tokens / 1,000 per s.
         let d = r.decide(&follow_up).unwrap();
@@ -1120,10 +1129,10 @@ mod tests {
         let node = r.fleet.nodes()[0].clone();
         let _running = r.try_dispatch(&node, &p).unwrap();
         assert!(r.try_dispatch(&node, &p).is_none(), "one slot: full");
-        let _waiting = r.wait_ticket(&node, MODEL, 10).unwrap();
+        let _waiting = r.wait_ticket(&node, MODEL, false, 10).unwrap();
         assert_eq!(r.waiting(), 1);
         assert!(
-            r.wait_ticket(&node, MODEL, 1).is_none(),
+            r.wait_ticket(&node, MODEL, false, 1).is_none(),
             "max_waiting reached"
         );
         let d = r.decide(&chat(&["y"])).unwrap();
@@ -1138,6 +1147,56 @@ mod tests {
         drop(_waiting);
         assert_eq!(r.waiting(), 0);
         assert_eq!(node.lock_books().models[MODEL].waiting, 0);
+    }
+
+    #[test]
+    fn a_cold_request_leaves_a_freed_slot_to_a_request_waiting_warm_for_it() {
+        let r = router(1, 2);
+        let p = chat(&["x"]);
+        let node = r.fleet.nodes()[0].clone();
+        let candidate = &r.decide(&p).unwrap().ranked[0];
+        let running = r.try_dispatch(&node, &p).unwrap();
+        let warm = r.wait_ticket(&node, MODEL, true, 10).unwrap();
+        let _cold = r.wait_ticket(&node, MODEL, false, 10).unwrap();
+        assert_eq!(node.lock_books().models[MODEL].waiting_warm, 1);
+        // One slot free, one request waiting warm for it: a yielding request leaves it.
+        assert!(
+            r.try_send(candidate, &p, true).is_none(),
+            "left to the warm one"
+        );
+        // Two free, one warm waiter: one is left to take.
+        let other = r.try_dispatch(&node, &p).unwrap();
+        drop(running);
+        drop(other);
+        let taken = r
+            .try_send(candidate, &p, true)
+            .expect("a slot beyond the warm one's");
+        assert!(r.try_send(candidate, &p, true).is_none());
+        // Not yielding (warm itself, or waited long enough), it takes the slot.
+        let last = r.try_send(candidate, &p, false).expect("takes its turn");
+        drop((taken, last));
+        // The warm request decided: its claim goes with its ticket.
+        drop(warm);
+        assert_eq!(node.lock_books().models[MODEL].waiting_warm, 0);
+        assert!(r.try_send(candidate, &p, true).is_some());
+    }
+
+    #[test]
+    fn a_warm_request_leaving_the_queue_wakes_those_that_left_it_a_slot() {
+        use futures::FutureExt;
+        let r = router(1, 1);
+        let node = r.fleet.nodes()[0].clone();
+        let listener = r.listen(MODEL);
+        let news = listener.news(&r.fleet.wakeups);
+        tokio::pin!(news);
+        r.wait_ticket(&node, MODEL, false, 10).unwrap().leave();
+        assert!(
+            news.as_mut().now_or_never().is_none(),
+            "a cold one: no news"
+        );
+        r.wait_ticket(&node, MODEL, true, 10).unwrap().leave();
+        assert!(news.as_mut().now_or_never().is_some(), "a warm one gave up");
+        assert_eq!(r.waiting(), 0);
     }
 
     /// Two empty 24 GB nodes with three 10 GB models on disk: each holds two of them.
@@ -1168,7 +1227,7 @@ mod tests {
     fn place(r: &Arc<Router>, p: &Profile) -> Dispatch {
         let _placing = r.placement();
         let d = r.decide(p).unwrap();
-        r.try_send(&d.ranked[0], p).unwrap()
+        r.try_send(&d.ranked[0], p, false).unwrap()
     }
 
     #[test]
@@ -1361,9 +1420,12 @@ mod tests {
         let decision = r.decide(&p).unwrap();
         let candidate = &decision.ranked[0];
         let counted = |r: &Arc<Router>| r.decide(&p).unwrap().ranked[0].scores.queue_depth;
-        let mut first = r.try_send(candidate, &p).expect("a slot free");
+        let mut first = r.try_send(candidate, &p, false).expect("a slot free");
         first.first_byte();
-        assert!(r.try_send(candidate, &p).is_none(), "believed to run one");
+        assert!(
+            r.try_send(candidate, &p, false).is_none(),
+            "believed to run one"
+        );
         // Counted as running two while one is only a lower bound: no queue yet.
         assert_eq!(counted(&r), 0.0);
         let mut second = r.try_probe(candidate, &p).expect("probed");
@@ -1403,7 +1465,9 @@ mod tests {
         queued.observe(&reply(1));
         assert_eq!(node.parallel(), 3);
         // Settled at three: with three running, a fourth would wait.
-        let _another = r.try_send(candidate, &p).expect("two running, a slot free");
+        let _another = r
+            .try_send(candidate, &p, false)
+            .expect("two running, a slot free");
         assert!(counted(&r) < 0.0, "three running on three");
     }
 
@@ -1417,7 +1481,7 @@ mod tests {
         let (a, b) = (chat(&["a"]), chat(&["b"]));
         let decision = r.decide(&a).unwrap();
         let candidate = &decision.ranked[0];
-        let mut first = r.try_send(candidate, &a).expect("a slot free");
+        let mut first = r.try_send(candidate, &a, false).expect("a slot free");
         r.commit(&mut first, &a, &decision);
         first.first_byte();
         let decision_b = r.decide(&b).unwrap();
@@ -1450,7 +1514,7 @@ mod tests {
         let (a, b) = (chat(&["a"]), chat(&["b"]));
         let decision = r.decide(&a).unwrap();
         let candidate = &decision.ranked[0];
-        let mut first = r.try_send(candidate, &a).expect("a slot free");
+        let mut first = r.try_send(candidate, &a, false).expect("a slot free");
         r.commit(&mut first, &a, &decision);
         first.first_byte();
         let decision_b = r.decide(&b).unwrap();

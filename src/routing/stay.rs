@@ -8,6 +8,8 @@
 //! what it displaces. Conversations stay partitioned and move only when their node is
 //! overloaded for real.
 
+use std::time::Duration;
+
 /// Seconds until a request would start on a node running `depth` requests (running or
 /// waiting for it) with `parallel` slots, each request taking `service_s` seconds.
 pub fn expected_wait(depth: u32, parallel: usize, service_s: f64) -> f64 {
@@ -27,6 +29,18 @@ pub fn move_cost(prompt_tokens: u32, cold_tps: f64, factor: f64) -> Option<f64> 
 pub fn stays(warm_wait_s: f64, other_wait_s: f64, move_cost_s: f64) -> bool {
     warm_wait_s <= other_wait_s + move_cost_s
 }
+
+/// A request not warm on a node leaves a slot freed there to the requests waiting warm for
+/// it: a warm turn's first token comes after a short prefill, so serving those first lowers
+/// the median wait (and a warm turn that waits less is moved less, so more stays warm). It
+/// takes its turn after waiting `max_wait / YIELD_SHARE`, so that yielding alone never
+/// makes it time out.
+pub fn yields_to_warm(warm_there: bool, waited: Duration, max_wait: Duration) -> bool {
+    !warm_there && waited < max_wait / YIELD_SHARE
+}
+
+/// See [`yields_to_warm`].
+const YIELD_SHARE: u32 = 4;
 
 /// Later turns a new conversation is counted to have where it starts: a conversation
 /// stays where it starts, so its home decides what its next turns pay.
@@ -108,6 +122,18 @@ mod tests {
         // A short prompt moves sooner: 200 tokens cost 0.4 s.
         assert!(!stays(2.0, 0.0, move_cost(200, 1_000.0, 2.0).unwrap()));
         assert_eq!(move_cost(100, 0.0, 2.0), None);
+    }
+
+    #[test]
+    fn a_cold_request_yields_to_warm_waiters_for_a_quarter_of_the_queue_limit() {
+        let max_wait = Duration::from_secs(120);
+        assert!(yields_to_warm(false, Duration::ZERO, max_wait));
+        assert!(yields_to_warm(false, Duration::from_secs(29), max_wait));
+        assert!(!yields_to_warm(false, Duration::from_secs(30), max_wait));
+        assert!(
+            !yields_to_warm(true, Duration::ZERO, max_wait),
+            "warm itself"
+        );
     }
 
     #[test]
