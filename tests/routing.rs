@@ -30,6 +30,18 @@ fn last_log(node: &corral::standin::StandinNode) -> corral::standin::ServedReque
         .expect("the node served a request")
 }
 
+/// corral in front of one node (configured `num_parallel: 1`) with its admin API; returns the
+/// router and the URL of the admin API's `/fleet`.
+async fn one_node_with_admin(node: &corral::standin::StandinNode) -> (Router, String) {
+    let admin_port = free_port();
+    let router = Router::start(
+        vec![NodeSpec::of(node, 1)],
+        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
+    )
+    .await;
+    (router, format!("http://127.0.0.1:{admin_port}/fleet"))
+}
+
 #[tokio::test]
 async fn follow_up_lands_on_the_node_holding_its_prefix() {
     let nodes = futures::future::join_all((0..3).map(|i| start(fast_node(&format!("n{i}"))))).await;
@@ -414,13 +426,7 @@ async fn a_warm_turn_waiting_for_its_node_goes_before_a_cold_one_that_came_first
     cfg.kind = corral::standin::StandinKind::Ollama;
     cfg.cache_ram_tokens = 100_000;
     let node = start(cfg).await;
-    let admin_port = free_port();
-    let router = Router::start(
-        vec![NodeSpec::of(&node, 1)],
-        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
-    )
-    .await;
-    let fleet_url = format!("http://127.0.0.1:{admin_port}/fleet");
+    let (router, fleet_url) = one_node_with_admin(&node).await;
     let waiting = async |n: u64| get_json(&fleet_url).await["waiting"] == n;
     let send = |t: Vec<String>| {
         let request = client()
@@ -469,13 +475,7 @@ async fn slots_a_llama_server_shows_are_learned_and_used() {
     cfg.num_parallel = 3;
     cfg.kind = corral::standin::StandinKind::LlamaCpp;
     let node = start(cfg).await;
-    let admin_port = free_port();
-    let router = Router::start(
-        vec![NodeSpec::of(&node, 1)],
-        &format!("admin_listen: 127.0.0.1:{admin_port}\n"),
-    )
-    .await;
-    let fleet_url = format!("http://127.0.0.1:{admin_port}/fleet");
+    let (router, fleet_url) = one_node_with_admin(&node).await;
     eventually("corral shows the node's 3 slots", async || {
         get_json(&fleet_url).await["nodes"][0]["slots_shown"] == 3
     })

@@ -468,7 +468,7 @@ fn pick<'d>(
     // Rather than wait for the best node, probe whether it runs more requests at once.
     match router
         .try_send(best, profile, yields)
-        .or_else(|| router.try_probe(best, profile))
+        .or_else(|| router.try_probe(best, profile, yields))
     {
         Some(dispatch) => Pick::Send(best, dispatch),
         None => Pick::Wait(best),

@@ -71,13 +71,19 @@ impl Router {
     /// [`super::parallel::probe_limit`]), to learn whether it runs more; for a request that
     /// would otherwise wait for this node. `None` when the number is configured
     /// (`nodes[].num_parallel`) or reported by the node, or corral no longer probes it.
-    pub fn try_probe(self: &Arc<Self>, candidate: &Candidate, p: &Profile) -> Option<Dispatch> {
+    /// `yields` as for [`Router::try_send`].
+    pub fn try_probe(
+        self: &Arc<Self>,
+        candidate: &Candidate,
+        p: &Profile,
+        yields: bool,
+    ) -> Option<Dispatch> {
         let node = &candidate.node;
         if node.parallel_told(&node.settings()) || !self.probes.may_probe(node.id, node.parallel())
         {
             return None;
         }
-        self.dispatch(node, p, !candidate.resident, true, false)
+        self.dispatch(node, p, !candidate.resident, true, yields)
     }
 
     fn dispatch(
@@ -97,7 +103,10 @@ impl Router {
         let reserved = node.books(|books| {
             let state = books.models.entry_ref(p.model_key.as_str()).or_default();
             let left_to_warm = if yields { state.waiting_warm } else { 0 };
-            if (state.in_flight + left_to_warm) as usize >= limit {
+            // A probe is not sent into a slot left to a warm waiter: that would neither
+            // yield nor test anything.
+            let into_left_slot = probe && left_to_warm > 0 && (state.in_flight as usize) < believed;
+            if (state.in_flight + left_to_warm) as usize >= limit || into_left_slot {
                 return None;
             }
             state.in_flight += 1;

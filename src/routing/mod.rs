@@ -1182,6 +1182,31 @@ mod tests {
     }
 
     #[test]
+    fn a_cold_request_does_not_probe_into_a_slot_it_leaves_to_a_warm_waiter() {
+        // Not told its slots: believed to run one, probed one past that.
+        let r = router(1, 0);
+        let p = chat(&["x"]);
+        let node = r.fleet.nodes()[0].clone();
+        let candidate = &r.decide(&p).unwrap().ranked[0];
+        let _warm = r.wait_ticket(&node, MODEL, true, 10).unwrap();
+        assert!(
+            r.try_send(candidate, &p, true).is_none(),
+            "left to the warm one"
+        );
+        assert!(
+            r.try_probe(candidate, &p, true).is_none(),
+            "nor sent as a probe into it"
+        );
+        let running = r
+            .try_send(candidate, &p, false)
+            .expect("the warm one's turn");
+        // Full by belief: the slot a probe would find is the warm waiter's too.
+        assert!(r.try_probe(candidate, &p, true).is_none());
+        assert!(r.try_probe(candidate, &p, false).is_some());
+        drop(running);
+    }
+
+    #[test]
     fn a_warm_request_leaving_the_queue_wakes_those_that_left_it_a_slot() {
         use futures::FutureExt;
         let r = router(1, 1);
@@ -1428,14 +1453,14 @@ mod tests {
         );
         // Counted as running two while one is only a lower bound: no queue yet.
         assert_eq!(counted(&r), 0.0);
-        let mut second = r.try_probe(candidate, &p).expect("probed");
-        assert!(r.try_probe(candidate, &p).is_none(), "two at most");
+        let mut second = r.try_probe(candidate, &p, false).expect("probed");
+        assert!(r.try_probe(candidate, &p, false).is_none(), "two at most");
         // Its first byte came while the first streamed: it runs two.
         second.first_byte();
         assert_eq!(node.parallel(), 2);
         // Now up to three: one probe at a time, however many it was shown to run.
-        let mut third = r.try_probe(candidate, &p).expect("probed");
-        assert!(r.try_probe(candidate, &p).is_none(), "three at most");
+        let mut third = r.try_probe(candidate, &p, false).expect("probed");
+        assert!(r.try_probe(candidate, &p, false).is_none(), "three at most");
         third.first_byte();
         assert_eq!(node.parallel(), 3);
         assert_eq!(counted(&r), 0.0, "counted as running four");
@@ -1449,7 +1474,7 @@ mod tests {
             ReplyStats::parse(json.as_bytes()).unwrap()
         };
         let step = Duration::from_millis(20);
-        let mut ran_at_once = r.try_probe(candidate, &p).expect("probed");
+        let mut ran_at_once = r.try_probe(candidate, &p, false).expect("probed");
         std::thread::sleep(step);
         drop(second);
         ran_at_once.first_byte();
@@ -1457,7 +1482,7 @@ mod tests {
         ran_at_once.observe(&reply(1_000));
         assert_eq!(counted(&r), 0.0, "still a lower bound");
         drop(ran_at_once);
-        let mut queued = r.try_probe(candidate, &p).expect("probed");
+        let mut queued = r.try_probe(candidate, &p, false).expect("probed");
         std::thread::sleep(step);
         drop(first);
         queued.first_byte();
@@ -1485,7 +1510,7 @@ mod tests {
         r.commit(&mut first, &a, &decision);
         first.first_byte();
         let decision_b = r.decide(&b).unwrap();
-        let mut probe = r.try_probe(candidate, &b).expect("probed");
+        let mut probe = r.try_probe(candidate, &b, false).expect("probed");
         r.commit(&mut probe, &b, &decision_b);
         assert_eq!(node.lock_books().models[MODEL].slots.len(), 2);
         let follow_up = |name: &str| {
@@ -1518,7 +1543,7 @@ mod tests {
         r.commit(&mut first, &a, &decision);
         first.first_byte();
         let decision_b = r.decide(&b).unwrap();
-        let mut probe = r.try_probe(candidate, &b).expect("probed");
+        let mut probe = r.try_probe(candidate, &b, false).expect("probed");
         r.commit(&mut probe, &b, &decision_b);
         // b began while a streamed: the node runs both, each in its own slot.
         probe.first_byte();
