@@ -486,7 +486,7 @@ pub struct Observation {
 impl Observation {
     /// Whether the prediction (warm for `hit` and `host`, cold otherwise) matched the node.
     pub fn agrees(&self) -> Option<bool> {
-        let predicted_warm = matches!(self.predicted, AffinityResult::Hit | AffinityResult::Host);
+        let predicted_warm = self.predicted.is_warm();
         match self.observed {
             Observed::Warm => Some(predicted_warm),
             Observed::Cold => Some(!predicted_warm),

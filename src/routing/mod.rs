@@ -131,6 +131,11 @@ impl AffinityResult {
             AffinityResult::New => "new",
         }
     }
+
+    /// corral expects the prefix warm there: in a slot or in host memory.
+    pub fn is_warm(self) -> bool {
+        matches!(self, AffinityResult::Hit | AffinityResult::Host)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,10 +194,7 @@ impl Decision {
 
     /// The request's prefix is expected warm on the node with this id.
     pub fn warm_on(&self, node: u16) -> bool {
-        matches!(
-            self.affinity_for(node),
-            AffinityResult::Hit | AffinityResult::Host
-        )
+        self.affinity_for(node).is_warm()
     }
 
     /// The affinity result if the request goes to the node with this id.
