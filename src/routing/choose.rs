@@ -205,9 +205,11 @@ fn spread_by_warm_room(
     let fastest = Fastest::of(starts);
     // Waiting for a slot costs the first turn seconds for certain, while the cold turns it
     // would cause elsewhere are a forecast (the conversations counted live there may have
-    // ended): where a node has a slot free, the conversation starts on one that has.
+    // ended): where a node has a slot free, the conversation starts on one that has. That
+    // holds for a node the other signals rate a little lower (one healing from failures):
+    // where only such a node is free, the signals decide, queue depth included.
     let free = |i: usize| (starts[i].depth as usize) < starts[i].admits;
-    let some_free = (0..ranked.len()).any(|i| fits(i) && free(i));
+    let some_free = (0..ranked.len()).any(|i| placeable(&ranked[i]) && free(i));
     let costs = starts.iter().enumerate().filter_map(|(i, start)| {
         if !fits(i) || (some_free && !free(i)) {
             return None;
@@ -258,17 +260,23 @@ fn restart_where_soonest(ranked: &mut [Candidate], starts: &[Start], p: &Profile
 }
 
 /// Whether a placement by cost in seconds weighs a candidate: a live node where the model is
-/// resident and its load evicts no model in use, that the signals other than speed and queue
-/// depth (role, memory, context, availability) rate within a point of the best such.
+/// resident and its load evicts no model in use, that the signals other than speed, queue
+/// depth and session affinity (role, memory, context, availability) rate within a point of
+/// the best such. The cost counts in seconds what those three signals stand for, the
+/// conversations a new one would push out included: left in, the displacement penalty kept
+/// a fast node out of the weighing whenever its slots held conversations used within the
+/// keep-alive, ended or not, and new conversations went to the slowest nodes.
 fn weighable(ranked: &[Candidate]) -> impl Fn(&Candidate) -> bool + use<> {
-    fn eligible(c: &Candidate) -> bool {
-        c.resident && !c.standby && !c.evicts_busy
-    }
     fn settled(c: &Candidate) -> f64 {
-        c.scores.total() - c.scores.latency - c.scores.queue_depth
+        c.scores.total() - c.scores.latency - c.scores.queue_depth - c.scores.session_affinity
     }
-    let bar = (ranked.iter().filter(|c| eligible(c)).map(settled)).max_by(f64::total_cmp);
-    move |c| bar.is_some_and(|bar| eligible(c) && settled(c) >= bar - 1.0)
+    let bar = (ranked.iter().filter(|c| placeable(c)).map(settled)).max_by(f64::total_cmp);
+    move |c| bar.is_some_and(|bar| placeable(c) && settled(c) >= bar - 1.0)
+}
+
+/// A live node where the model is resident and its load evicts no model in use.
+fn placeable(c: &Candidate) -> bool {
+    c.resident && !c.standby && !c.evicts_busy
 }
 
 /// The candidate of least cost among `costs` (index, seconds); equal costs keep the
@@ -775,6 +783,31 @@ mod tests {
     }
 
     #[test]
+    fn a_new_conversation_is_placed_by_its_cost_where_a_node_would_push_a_slot_out() {
+        let w = Weights::default();
+        let r = Request {
+            pause_s: Some(8.0),
+            ..request(None, None)
+        };
+        let now = r.now;
+        // Every slot of the fast node holds a conversation served within the keep-alive,
+        // so a new one would push one out (the displacement penalty); its warm room says
+        // the 3 live ones and a fourth fit. The slow node, ten times slower, has room too.
+        let mut fast = measured(0, "fast", 4000.0, 3, 8.0, now);
+        fast.model.new_conversation_displaces = true;
+        let slow = measured(1, "slow", 400.0, 0, 8.0, now);
+        let ranked = rank(&chat("m"), r, &[fast.clone(), slow.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "slow"]);
+        assert!(ranked[0].scores.total() > ranked[1].scores.total());
+
+        // Where its room is full, the cost sends the conversation to the slow node.
+        let mut full = measured(0, "fast", 4000.0, 8, 8.0, now);
+        full.model.new_conversation_displaces = true;
+        let ranked = rank(&chat("m"), r, &[full, slow], &w).unwrap();
+        assert_eq!(names(&ranked), ["slow", "fast"]);
+    }
+
+    #[test]
     fn a_new_conversation_does_not_wait_for_a_slot_while_another_node_has_one_free() {
         let w = Weights::default();
         let r = Request {
@@ -793,8 +826,16 @@ mod tests {
 
         // With a slot free on both, the warm room decides again.
         roomy.model.in_flight = 3;
-        let ranked = rank(&chat("m"), r, &[fast, roomy], &w).unwrap();
+        let ranked = rank(&chat("m"), r, &[fast.clone(), roomy.clone()], &w).unwrap();
         assert_eq!(names(&ranked), ["slower", "fast"]);
+
+        // A free node healing from failures (the other signals rate it a little lower) is
+        // still free: the conversation does not queue on the busy one for want of weighing it.
+        let mut healing = fast;
+        healing.success_ratio = 0.8;
+        roomy.model.in_flight = 4;
+        let ranked = rank(&chat("m"), r, &[healing, roomy], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "slower"]);
     }
 
     #[test]

@@ -154,8 +154,16 @@ impl ModelView {
         at: &Moment,
     ) -> ModelView {
         let host_allowed = books.kind.host_cache != Some(false);
-        let Some(state) = books.models.get(model) else {
-            return ModelView::default();
+        // Nothing sent here yet for the model: read as empty, with all its slots and host
+        // cache for room (a view of nothing would offer no warm room at all, and a node
+        // that has not served the model would never be a new conversation's home).
+        let empty;
+        let state = match books.models.get(model) {
+            Some(state) => state,
+            None => {
+                empty = ModelState::default();
+                &empty
+            }
         };
         let live = if at.pause_known {
             at.live
@@ -404,5 +412,8 @@ mod tests {
         assert_eq!(view.footprint.idle, 6 * GB);
         let other = take(&node, "b").unwrap();
         assert_eq!(other.model.in_flight, 0);
+        // Nothing sent for "b" yet: its slots and a host cache of as many are room.
+        assert_eq!(other.model.warm_room, 2.0 * other.parallel as f64);
+        assert!(!other.model.full && !other.model.slots_only);
     }
 }
