@@ -498,6 +498,14 @@ mod tests {
         }
     }
 
+    /// A new conversation, once corral has seen conversations pause 8 s between turns.
+    fn new_conversation_after_pauses() -> Request {
+        Request {
+            pause_s: Some(8.0),
+            ..request(None, None)
+        }
+    }
+
     fn names(ranked: &[Candidate]) -> Vec<&str> {
         ranked.iter().map(|c| c.node.name()).collect()
     }
@@ -742,10 +750,7 @@ mod tests {
     #[test]
     fn a_new_conversation_starts_where_the_warm_room_has_space_not_where_it_is_fastest() {
         let w = Weights::default();
-        let r = Request {
-            pause_s: Some(8.0),
-            ..request(None, None)
-        };
+        let r = new_conversation_after_pauses();
         let now = r.now;
         // The fast node keeps 5 conversations warm and serves 5: a sixth would push them
         // out in turn. The slower one, half as fast, has room.
@@ -785,10 +790,7 @@ mod tests {
     #[test]
     fn a_new_conversation_is_placed_by_its_cost_where_a_node_would_push_a_slot_out() {
         let w = Weights::default();
-        let r = Request {
-            pause_s: Some(8.0),
-            ..request(None, None)
-        };
+        let r = new_conversation_after_pauses();
         let now = r.now;
         // Every slot of the fast node holds a conversation served within the keep-alive,
         // so a new one would push one out (the displacement penalty); its warm room says
@@ -810,10 +812,7 @@ mod tests {
     #[test]
     fn a_new_conversation_does_not_wait_for_a_slot_while_another_node_has_one_free() {
         let w = Weights::default();
-        let r = Request {
-            pause_s: Some(8.0),
-            ..request(None, None)
-        };
+        let r = new_conversation_after_pauses();
         let now = r.now;
         // The slower node has warm room and a short forecast wait, but every slot running;
         // the fast one would push its conversations out, but has a slot free.
