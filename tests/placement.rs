@@ -221,3 +221,160 @@ async fn a_model_whose_node_is_full_of_live_conversations_gains_a_second_home_wi
     assert_eq!((s.loads, b.loads), (1, 1), "{s:?} {b:?}");
     assert_eq!(s.evictions + b.evictions, 0, "{s:?} {b:?}");
 }
+
+/// Sends `n` new conversations for `model` at once and returns the nodes that answered.
+async fn burst(router_url: &str, model: &str, n: usize, name: &str) -> Vec<String> {
+    let asks = (0..n).map(|i| {
+        let (url, model, text) = (
+            router_url.to_string(),
+            model.to_string(),
+            format!("{name} {i}"),
+        );
+        tokio::spawn(ask(url, model, text))
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .map(|r| r.expect("the request task ran"))
+        .collect()
+}
+
+/// A node of one slot with x on disk, nothing loaded, whose replies take `reply_ms`.
+fn one_slot(name: &str, reply_ms: u64) -> StandinConfig {
+    let mut cfg = empty_node(name, 24, &[("x:1", 4.7)]);
+    cfg.num_parallel = 1;
+    cfg.reply_tokens = 20;
+    cfg.decode_per_token = Duration::from_millis(reply_ms / 20);
+    cfg
+}
+
+/// As most fleets are configured: neither its memory nor its slots told.
+fn spec(node: &corral::standin::StandinNode) -> NodeSpec {
+    NodeSpec::of(node, 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_fresh_fleet_requests_that_would_wait_load_the_model_on_every_node() {
+    let nodes =
+        futures::future::join_all((0..3).map(|i| start(one_slot(&format!("n{i}"), 400)))).await;
+    let router = Router::start(nodes.iter().map(spec).collect(), "").await;
+
+    // Six at once on three empty nodes of one slot: the first loads x on one node; nothing
+    // has ended yet, so the wait there is unknown and the next ones load it elsewhere.
+    let answered = burst(&router.url(), "x:1", 6, "fresh").await;
+    for node in &nodes {
+        let churn = node.churn();
+        assert!(
+            !node.log().is_empty(),
+            "{} served nothing: {answered:?}",
+            node.name()
+        );
+        assert_eq!(churn.loads, 1, "{}: {churn:?}", node.name());
+        assert_eq!(churn.evictions, 0, "{}: {churn:?}", node.name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_its_models_timed_out_a_fleet_loads_again_on_every_node_a_burst_waits_for() {
+    let short_keep_alive = |name: &str| {
+        let mut cfg = one_slot(name, 400);
+        cfg.keep_alive = Duration::from_millis(500);
+        cfg
+    };
+    let (a, b) = (
+        start(short_keep_alive("a")).await,
+        start(short_keep_alive("b")).await,
+    );
+    let router = Router::start(vec![spec(&a), spec(&b)], "").await;
+    burst(&router.url(), "x:1", 4, "morning").await;
+    assert_eq!((a.churn().loads, b.churn().loads), (1, 1));
+
+    // Idle past its keep-alive, each node unloads x, and corral's polls see it gone.
+    eventually("both nodes unloaded x and corral saw it", async || {
+        let ps = get_json(&format!("{}/api/ps", router.url())).await;
+        a.resident().is_empty() && b.resident().is_empty() && ps["models"] == serde_json::json!([])
+    })
+    .await;
+    let answered = burst(&router.url(), "x:1", 4, "afternoon").await;
+    for node in [&a, &b] {
+        assert_eq!(node.churn().loads, 2, "{}: {answered:?}", node.name());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_loads_the_model_again_when_requests_queue_elsewhere() {
+    // Replies of 1 s on one slot each, x loaded on both; no load has been seen, so corral
+    // counts one as 5 s: a queue of several seconds on `a` is worth a load on `b`.
+    let preloaded = |name: &str| {
+        let mut cfg = one_slot(name, 1000);
+        cfg.preload = vec!["x:1".into()];
+        cfg
+    };
+    let a = start(preloaded("a")).await;
+    let b_cfg = preloaded("b");
+    let b = start(b_cfg.clone()).await;
+    let b_addr = b.addr();
+    let admin_port = free_port();
+    let admin = format!("admin_listen: 127.0.0.1:{admin_port}\n");
+    let router = Router::start(vec![spec(&a), spec(&b)], &admin).await;
+    let answered = burst(&router.url(), "x:1", 2, "before").await;
+    assert!(answered.iter().any(|n| n == "b"), "{answered:?}");
+
+    // `b` restarts: a new process on the same address, with nothing loaded.
+    drop(b);
+    let mut fresh = b_cfg;
+    fresh.preload.clear();
+    let b = corral::standin::StandinNode::start(fresh, b_addr)
+        .await
+        .expect("b restarts on its address");
+    eventually("corral takes b to be up without x", async || {
+        let body =
+            serde_json::json!({ "model": "x:1", "messages": [{ "role": "user", "content": "?" }] });
+        let table: serde_json::Value = client()
+            .post(format!("http://127.0.0.1:{admin_port}/explain"))
+            .json(&body)
+            .send()
+            .await
+            .expect("the admin API answers")
+            .json()
+            .await
+            .expect("a JSON table");
+        let candidates = table["candidates"].as_array().cloned().unwrap_or_default();
+        let b_now = candidates.iter().find(|c| c["node"] == "b");
+        b_now.is_some_and(|c| c["resident"] == false && c["standby"] == false)
+    })
+    .await;
+
+    let answered = burst(&router.url(), "x:1", 8, "after").await;
+    assert!(
+        answered.iter().any(|n| n == "b"),
+        "the restarted node served none of them: {answered:?}"
+    );
+    assert_eq!(b.churn().loads, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_while_requests_wait_loads_the_model_and_serves_them() {
+    let mut a_cfg = one_slot("a", 1000);
+    a_cfg.preload = vec!["x:1".into()];
+    let a = start(a_cfg).await;
+    let b = start(one_slot("b", 1000)).await;
+    let patient = "queue:\n  max_wait: 60s\n";
+    let router = Router::start(vec![spec(&a)], patient).await;
+
+    // Eight at once on one slot of 1 s: seven wait in corral.
+    let waiting = {
+        let url = router.url();
+        tokio::spawn(async move { burst(&url, "x:1", 8, "queued").await })
+    };
+    eventually("requests wait in corral", async || a.log().len() == 1).await;
+    router.rewrite_config(&[spec(&a), spec(&b)], patient);
+    router.signal("HUP");
+
+    let answered = waiting.await.expect("the burst ran");
+    assert!(
+        answered.iter().any(|n| n == "b"),
+        "the added node served none of the waiting requests: {answered:?}"
+    );
+    assert_eq!(b.churn().loads, 1);
+}

@@ -132,6 +132,8 @@ pub struct ModelState {
     /// neither resident nor loading when sent): its memory is reserved until that request
     /// ends.
     pub loading: Option<Instant>,
+    /// Seconds the node took to load the model, from replies that loaded it.
+    pub load_s: Ewma,
     /// What the node keeps warm beyond its slots, and its cold prefill rate, as learned
     /// from its replies.
     pub warm: WarmState,

@@ -113,6 +113,7 @@ impl Account {
             ttfb: ctx.ttfb,
             prefill_tps: dispatch.prefill_tps(),
             decode_tps: stats.as_ref().and_then(|s| dispatch.decode_tps(s)),
+            load_s: stats.as_ref().and_then(ReplyStats::load_seconds),
         });
     }
 

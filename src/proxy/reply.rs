@@ -145,9 +145,15 @@ impl ReplyStats {
     /// The node loaded the model for this request (or the request waited for its load):
     /// Ollama's `load_duration` of at least 0.1 s. A resident model's is a few milliseconds.
     pub fn loaded_model(&self) -> bool {
+        self.load_seconds().is_some()
+    }
+
+    /// Seconds the node took to load the model for this request, where it loaded it
+    /// ([`ReplyStats::loaded_model`]).
+    pub fn load_seconds(&self) -> Option<f64> {
         const LOAD_SECONDS: f64 = 0.1;
-        self.load_duration
-            .is_some_and(|ns| ns as f64 / 1e9 >= LOAD_SECONDS)
+        let seconds = self.load_duration? as f64 / 1e9;
+        (seconds >= LOAD_SECONDS).then_some(seconds)
     }
 
     /// What the reply says about its prompt tokens, as the node kind that sent it counts

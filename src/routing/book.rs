@@ -502,6 +502,8 @@ pub struct Outcome {
     pub ttfb: Option<Duration>,
     pub prefill_tps: Option<f64>,
     pub decode_tps: Option<f64>,
+    /// Seconds the node spent loading the model for the request, where it loaded it.
+    pub load_s: Option<f64>,
 }
 
 impl Dispatch {
@@ -622,10 +624,15 @@ impl Dispatch {
         self.node.books(|books| {
             let state = books.models.entry_ref(self.model.as_str()).or_default();
             state.last_success = Some(Instant::now());
-            state
-                .warm
-                .service_s
-                .record(self.started.elapsed().as_secs_f64());
+            // A load is the node's once per model, not each request's: the service time that
+            // queued requests wait for leaves it out, and a load this request started is the
+            // node's load time (one it only waited for the end of says less).
+            let load_s = outcome.load_s.unwrap_or(0.0);
+            let service_s = self.started.elapsed().as_secs_f64() - load_s;
+            state.warm.service_s.record(service_s.max(0.0));
+            if let Some(load_s) = outcome.load_s.filter(|_| self.reserved) {
+                state.load_s.record(load_s);
+            }
             if let Some(ttfb) = outcome.ttfb {
                 state.ttfb_ms.record(ttfb.as_secs_f64() * 1000.0);
             }

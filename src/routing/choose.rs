@@ -99,6 +99,7 @@ pub fn rank(
             availability: signals::availability(view.success_ratio, w),
             context_fit: signals::context_fit(p.prompt_tokens, p.num_ctx, view.loaded_context, w),
             session_affinity: signals::session_affinity(warmth, queue, w),
+            sooner: 0.0,
         };
         ranked.push(Candidate {
             node: view.node.clone(),
@@ -108,6 +109,12 @@ pub fn rank(
             standby: view.standby,
         });
         starts.push(Start {
+            load_s: state.load_s,
+            load_evicts: (!view.resident && view.on_disk)
+                .then(|| {
+                    placement::load_without_busy(request.need, view.memory_total, &view.footprint)
+                })
+                .flatten(),
             cold_tps: state.cold_tps,
             cold_tps_at_most: state.cold_tps_at_most,
             service_s: state.service_s,
@@ -137,6 +144,7 @@ pub fn rank(
         let factor = weights.move_cost;
         keep_warm_if_sooner(&mut ranked, &starts, pin_node, p.prompt_tokens, factor);
     }
+    load_where_sooner(&mut ranked, &starts, p.prompt_tokens, request.warm_node);
     if ranked.is_empty() {
         return Err(match (too_large, request.need) {
             (true, Some(need)) => RouteError::TooLarge {
@@ -208,7 +216,7 @@ fn spread_by_warm_room(
     // ended): where a node has a slot free, the conversation starts on one that has. That
     // holds for a node the other signals rate a little lower (one healing from failures):
     // where only such a node is free, the signals decide, queue depth included.
-    let free = |i: usize| (starts[i].depth as usize) < starts[i].admits;
+    let free = |i: usize| starts[i].free();
     let some_free = (0..ranked.len()).any(|i| placeable(&ranked[i]) && free(i));
     let costs = starts.iter().enumerate().filter_map(|(i, start)| {
         if !fits(i) || (some_free && !free(i)) {
@@ -305,12 +313,74 @@ fn best_other(ranked: &[Candidate], pick: usize) -> Option<usize> {
 /// Raises `pick`'s session-affinity score just enough for it to lead, so that its
 /// X-Fleet-Score shows it won.
 fn lead_by_affinity(ranked: &mut [Candidate], pick: usize) {
-    let Some(other) = best_other(ranked, pick) else {
+    if let Some(raise) = lead(ranked, pick) {
+        ranked[pick].scores.session_affinity += raise;
+    }
+}
+
+/// How much `pick`'s total must rise to lead every other live candidate by a point, where
+/// it does not lead already.
+fn lead(ranked: &[Candidate], pick: usize) -> Option<f64> {
+    let other = best_other(ranked, pick)?;
+    let gap = ranked[other].scores.total() - ranked[pick].scores.total();
+    (gap >= 0.0).then_some(gap + 1.0)
+}
+
+/// Where the request would wait for a slot on every live node that has the model, a node
+/// that can load the model without unloading one in use takes it when it would start
+/// there sooner: its load and the prompt's cold prefill there, against the wait for a slot
+/// and the prefill on the best node that has the model. A load that must unload an idle
+/// model counts twice, since that model is loaded again when next wanted. Where the wait
+/// is not known yet (no request has ended there), it is at least what is running there,
+/// which began no earlier than a load starting now would end: the load goes ahead. So a
+/// waited-for model spreads to every node that can hold it, on a fresh fleet, after a
+/// restart or once it timed out, and never by pushing out a model in use.
+fn load_where_sooner(
+    ranked: &mut [Candidate],
+    starts: &[Start],
+    prompt_tokens: u32,
+    warm_node: Option<u16>,
+) {
+    let live = |c: &Candidate| !c.standby && !c.evicts_busy;
+    let has_model = |i: usize| live(&ranked[i]) && ranked[i].resident;
+    if (0..ranked.len()).any(|i| has_model(i) && starts[i].free()) {
+        return;
+    }
+    let total = |i: usize| ranked[i].scores.total();
+    let Some(best) = (0..ranked.len())
+        .filter(|&i| has_model(i))
+        .max_by(|&a, &b| total(a).total_cmp(&total(b)))
+    else {
+        // No node has the model yet: the signals choose where it loads first.
         return;
     };
-    let gap = ranked[other].scores.total() - ranked[pick].scores.total();
-    if gap >= 0.0 {
-        ranked[pick].scores.session_affinity += gap + 1.0;
+    let fastest = Fastest::of(starts);
+    let prefill = |i: usize| {
+        (starts[i].cold_rate(&fastest)).map_or(0.0, |tps| f64::from(prompt_tokens) / tps)
+    };
+    let learned_load = starts
+        .iter()
+        .filter_map(|s| s.load_s)
+        .max_by(f64::total_cmp);
+    let load_s = |i: usize| {
+        let evicts = starts[i].load_evicts.filter(|_| live(&ranked[i]))?;
+        let times = if evicts { 2.0 } else { 1.0 };
+        Some(times * stay::load_estimate(starts[i].load_s.or(learned_load)))
+    };
+    let costs = (0..ranked.len()).filter_map(|i| Some((i, load_s(i)? + prefill(i))));
+    let Some(pick) = cheapest(ranked, costs) else {
+        return;
+    };
+    let sooner = match starts[best].wait() {
+        Some(wait_s) => {
+            let warm_there = warm_node == Some(ranked[best].node.id);
+            let best_prefill = if warm_there { 0.0 } else { prefill(best) };
+            load_s(pick).unwrap_or(0.0) + prefill(pick) < wait_s + best_prefill
+        }
+        None => true,
+    };
+    if sooner && let Some(raise) = lead(ranked, pick) {
+        ranked[pick].scores.sooner = raise;
     }
 }
 
@@ -339,6 +409,12 @@ impl Fastest {
 
 /// What starting a request on a candidate would take.
 struct Start {
+    /// Seconds it took to load the model, as measured.
+    load_s: Option<f64>,
+    /// Where its last poll listed the model on disk, the model is not resident and loading
+    /// it unloads no model in use: whether it must unload an idle one (or may: its memory
+    /// is not known).
+    load_evicts: Option<bool>,
     /// Prompt tokens per second when nothing is cached, where measured.
     cold_tps: Option<f64>,
     /// Where not measured: at most this, from requests not answered yet.
@@ -363,12 +439,22 @@ impl Start {
     /// work, and so a measurement; but no faster than its requests not yet answered show it
     /// can be.
     fn rates(&self, fastest: &Fastest) -> Option<(f64, f64)> {
+        let cold_tps = self.cold_rate(fastest)?;
+        Some((cold_tps, self.service_s.or(fastest.service_s)?))
+    }
+
+    /// Its cold prefill rate, measured or guessed as [`Start::rates`] guesses it.
+    fn cold_rate(&self, fastest: &Fastest) -> Option<f64> {
         let guess = fastest.cold_tps.map(|best| match self.cold_tps_at_most {
             Some(at_most) => best.min(at_most),
             None => best,
         });
-        let cold_tps = self.cold_tps.or(guess).filter(|&tps| tps > 0.0)?;
-        Some((cold_tps, self.service_s.or(fastest.service_s)?))
+        self.cold_tps.or(guess).filter(|&tps| tps > 0.0)
+    }
+
+    /// It has a slot free for the request now.
+    fn free(&self) -> bool {
+        (self.depth as usize) < self.admits
     }
 
     /// Seconds until a slot is free, where the service time is measured.
@@ -476,6 +562,7 @@ mod tests {
             parallel: 1,
             admits: 1,
             resident: true,
+            on_disk: true,
             memory_total: Some(24 * GB),
             footprint: Footprint {
                 used: 5 * GB,
@@ -844,5 +931,118 @@ mod tests {
         assert_eq!(freshness(Some(now), now), 1.0);
         let minute_ago = now - Duration::from_secs(60);
         assert!((freshness(Some(minute_ago), now) - 0.5).abs() < 1e-9);
+    }
+
+    /// Two nodes with the model whose one slot each runs a request, and one without it.
+    fn full_pair_and_an_empty_node() -> Vec<NodeView> {
+        let mut views = Vec::new();
+        for (id, name) in [(0, "a"), (1, "b")] {
+            let mut v = view(id, name);
+            v.model.in_flight = 1;
+            views.push(v);
+        }
+        let mut empty = view(2, "empty");
+        empty.resident = false;
+        empty.footprint = Footprint::default();
+        views.push(empty);
+        views
+    }
+
+    #[test]
+    fn a_node_without_the_model_loads_it_while_every_node_with_it_is_full_and_the_wait_unknown() {
+        let w = Weights::default();
+        let views = full_pair_and_an_empty_node();
+        let ranked = rank(&chat("m"), request(Some(5 * GB), None), &views, &w).unwrap();
+        assert_eq!(ranked[0].node.name(), "empty");
+        assert!(!ranked[0].resident);
+        // The lead is its own field, a point past the best other, and the signals are kept.
+        let lead = ranked[0].scores.sooner;
+        assert!(lead > 0.0);
+        assert_eq!(ranked[0].scores.model_loaded, 0.0);
+        let best_other = ranked[1].scores.total();
+        assert!((ranked[0].scores.total() - (best_other + 1.0)).abs() < 1e-9);
+        // A slot free where the model is: nothing loads.
+        let mut free = views.clone();
+        free[1].model.in_flight = 0;
+        let ranked = rank(&chat("m"), request(Some(5 * GB), None), &free, &w).unwrap();
+        assert_eq!(ranked[0].node.name(), "b");
+        assert!(ranked.iter().all(|c| c.scores.sooner == 0.0));
+    }
+
+    #[test]
+    fn a_load_goes_ahead_only_when_it_starts_the_request_sooner_than_the_wait() {
+        let w = Weights::default();
+        // Requests of 2 s, one slot each, a 5 s load measured on the empty node.
+        let mut views = full_pair_and_an_empty_node();
+        for v in &mut views {
+            v.model.service_s = Some(2.0);
+            v.model.cold_tps = Some(1_000.0);
+        }
+        views[2].model.load_s = Some(5.0);
+        let place = |views: &[NodeView]| {
+            let ranked = rank(&chat("m"), request(Some(5 * GB), None), views, &w).unwrap();
+            ranked[0].node.name().to_string()
+        };
+        // One running on each: the wait is 2 s, shorter than the load.
+        assert_ne!(place(&views), "empty");
+        // Four waiting behind each: 10 s of wait, so the load is sooner.
+        for v in &mut views[..2] {
+            v.model.waiting = 4;
+        }
+        assert_eq!(place(&views), "empty");
+        // A load that must unload an idle model counts twice: 10 s, no sooner.
+        views[2].memory_total = Some(8 * GB);
+        views[2].footprint = Footprint {
+            used: 5 * GB,
+            idle: 5 * GB,
+        };
+        assert_ne!(place(&views), "empty");
+        // One that would unload a model in use never happens.
+        views[2].footprint.idle = 0;
+        for v in &mut views[..2] {
+            v.model.waiting = 40;
+        }
+        assert_ne!(place(&views), "empty");
+    }
+
+    #[test]
+    fn a_load_measured_on_one_node_is_the_estimate_for_the_others() {
+        let w = Weights::default();
+        let mut views = full_pair_and_an_empty_node();
+        for v in &mut views {
+            v.model.service_s = Some(2.0);
+        }
+        // Ten seconds of wait on each node with the model.
+        for v in &mut views[..2] {
+            v.model.waiting = 4;
+        }
+        let place = |views: &[NodeView]| {
+            let ranked = rank(&chat("m"), request(Some(5 * GB), None), views, &w).unwrap();
+            ranked[0].node.name().to_string()
+        };
+        // The prior (5 s) is sooner; a 30 s load seen on `a` is not.
+        assert_eq!(place(&views), "empty");
+        views[0].model.load_s = Some(30.0);
+        assert_ne!(place(&views), "empty");
+    }
+
+    #[test]
+    fn a_follow_up_warm_on_a_full_node_counts_its_prefill_there_as_nothing() {
+        let w = Weights::default();
+        let mut views = full_pair_and_an_empty_node();
+        for v in &mut views {
+            v.model.service_s = Some(2.0);
+            v.model.cold_tps = Some(1_000.0);
+        }
+        views[2].model.load_s = Some(1.0);
+        // 2 s of wait on `a` against 1 s of load plus 4 s of history to prefill elsewhere.
+        views[1].model.waiting = 4;
+        let mut p = chat("m");
+        p.prompt_tokens = 4_000;
+        let warm = rank(&p, request(Some(5 * GB), Some(0)), &views, &w).unwrap();
+        assert_eq!(warm[0].node.name(), "a");
+        // A new conversation of the same length pays its prefill on `a` too: 7 s, so it loads.
+        let new = rank(&p, request(Some(5 * GB), None), &views, &w).unwrap();
+        assert_eq!(new[0].node.name(), "empty");
     }
 }

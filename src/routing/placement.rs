@@ -83,6 +83,23 @@ pub fn evicts_busy(need: Option<u64>, total: Option<u64>, m: &Footprint) -> bool
     need > free.saturating_add(m.idle)
 }
 
+/// Whether loading a model of `need` bytes unloads no model that requests run or wait for,
+/// and if so whether it unloads an idle one: `Some(false)` when it fits in free memory,
+/// `Some(true)` when it must (or, memory or size unknown, may) unload idle models, `None`
+/// when it may unload a busy one. Ollama chooses what it unloads, so where the memory is
+/// not known only a node running no other model is safe.
+pub fn load_without_busy(need: Option<u64>, total: Option<u64>, m: &Footprint) -> Option<bool> {
+    if fits_free(need, total, m.used) {
+        return Some(false);
+    }
+    let busy_held = m.used > m.idle;
+    match (need, total) {
+        (Some(_), Some(_)) => (!evicts_busy(need, total, m)).then_some(true),
+        _ if busy_held => None,
+        _ => Some(m.used > 0),
+    }
+}
+
 /// Whether a node's slots for a model are all taken by live conversations: every slot
 /// holds one that is running now or ran within `live` (a new conversation there would push
 /// one of them out, to come back cold on its next turn).
@@ -336,5 +353,22 @@ mod tests {
         assert_eq!(weigh_victims(fit, 0), fit);
         assert!(weigh_victims(fit, 1) < fit);
         assert!(weigh_victims(fit, 3) < weigh_victims(fit, 1));
+    }
+
+    #[test]
+    fn a_load_may_unload_idle_models_but_never_one_in_use() {
+        let fp = |used_gb: u64, idle_gb: u64| Footprint {
+            used: used_gb * GB,
+            idle: idle_gb * GB,
+        };
+        let (need, total) = (Some(5 * GB), Some(24 * GB));
+        assert_eq!(load_without_busy(need, total, &fp(10, 0)), Some(false));
+        assert_eq!(load_without_busy(need, total, &fp(22, 4)), Some(true));
+        assert_eq!(load_without_busy(need, total, &fp(22, 1)), None);
+        // Memory unknown: only a node running no model is safe, and one holding idle ones
+        // may unload them.
+        assert_eq!(load_without_busy(need, None, &fp(0, 0)), Some(false));
+        assert_eq!(load_without_busy(need, None, &fp(4, 4)), Some(true));
+        assert_eq!(load_without_busy(need, None, &fp(8, 4)), None);
     }
 }

@@ -16,6 +16,9 @@ pub struct Scores {
     pub availability: f64,
     pub context_fit: f64,
     pub session_affinity: f64,
+    /// Not a signal: the lead given to a node that loads the model where the request would
+    /// otherwise wait longer ([`super::choose`], "load where sooner"). Zero elsewhere.
+    pub sooner: f64,
 }
 
 impl Scores {
@@ -29,6 +32,7 @@ impl Scores {
             availability: f(self.availability),
             context_fit: f(self.context_fit),
             session_affinity: f(self.session_affinity),
+            sooner: f(self.sooner),
         }
     }
 
@@ -41,6 +45,7 @@ impl Scores {
             + self.availability
             + self.context_fit
             + self.session_affinity
+            + self.sooner
     }
 }
 
@@ -93,6 +98,10 @@ pub fn explain<'a>(rows: impl Iterator<Item = (&'a str, &'a Scores)>) -> String 
             s.context_fit,
             s.session_affinity
         );
+        // Named only where it changed the ranking.
+        if s.sooner != 0.0 {
+            let _ = write!(out, " sooner={:.1}", s.sooner);
+        }
     }
     out
 }

@@ -42,6 +42,15 @@ pub fn yields_to_warm(warm_there: bool, waited: Duration, max_wait: Duration) ->
 /// See [`yields_to_warm`].
 const YIELD_SHARE: u32 = 4;
 
+/// Seconds a node is expected to take to load a model: as measured there or on another
+/// node, else [`LOAD_PRIOR_S`].
+pub fn load_estimate(learned_s: Option<f64>) -> f64 {
+    learned_s.unwrap_or(LOAD_PRIOR_S)
+}
+
+/// A model load's seconds before any reply showed one: a few gigabytes read from disk.
+const LOAD_PRIOR_S: f64 = 5.0;
+
 /// Later turns a new conversation is counted to have where it starts: a conversation
 /// stays where it starts, so its home decides what its next turns pay.
 pub const TURNS_AHEAD: f64 = 2.0;

@@ -32,6 +32,8 @@ pub struct NodeView {
     pub admits: usize,
     /// The model is in its memory (or loading for a request corral sent), as believed.
     pub resident: bool,
+    /// Its last poll listed the model on disk: it can load it.
+    pub on_disk: bool,
     /// Its memory in bytes, where known, and what the models believed held take of it.
     pub memory_total: Option<u64>,
     pub footprint: Footprint,
@@ -103,6 +105,7 @@ impl NodeView {
             parallel,
             admits: counted.admits,
             resident,
+            on_disk: inv.on_disk.contains_key(model),
             memory_total,
             footprint,
             loaded_context: resident_now.and_then(|r| r.context_length),
@@ -127,8 +130,10 @@ pub struct ModelView {
     pub prefill_tps: Option<f64>,
     pub decode_tps: Option<f64>,
     pub speed_at: Option<Instant>,
-    /// Seconds a request takes there, start to end, as measured.
+    /// Seconds a request takes there, start to end, as measured (loads left out).
     pub service_s: Option<f64>,
+    /// Seconds the node took to load the model, as measured.
+    pub load_s: Option<f64>,
     /// Prompt tokens per second when nothing is cached.
     pub cold_tps: Option<f64>,
     /// While none is measured: at most this, from requests still waiting for their first
@@ -188,6 +193,7 @@ impl ModelView {
             decode_tps: state.decode_tps.get(),
             speed_at: state.speed_at,
             service_s: state.warm.service_s.get(),
+            load_s: state.load_s.get(),
             cold_tps: state.warm.cold_rate.get().or(state.prefill_tps.get()),
             cold_tps_at_most: (state.streaming == 0)
                 .then(|| unanswered_rate(&state.slots, at.now))
