@@ -169,6 +169,9 @@ impl Plan {
             plan.nodes.iter_mut().for_each(|n| n.slots = slots);
         }
         plan.tell_slots &= !spec.slots_untold;
+        if spec.cold_start {
+            plan.preload.iter_mut().for_each(Vec::clear);
+        }
         plan
     }
 

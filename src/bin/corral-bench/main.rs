@@ -174,6 +174,9 @@ struct ReplayArgs {
     /// Leave every node's slots out of corral's configuration: it learns them from replies.
     #[arg(long)]
     slots_untold: bool,
+    /// Start every node with no model loaded (the first requests decide where models load).
+    #[arg(long)]
+    cold_start: bool,
     /// The real server every stand-in node follows: ollama-legacy (Ollama before 0.30),
     /// ollama (0.30.1 and later), llama-cpp, openai. corral is not told it.
     #[arg(long, default_value = "ollama-legacy")]
@@ -304,6 +307,7 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             seed: args.seed,
             node_slots: args.node_slots,
             slots_untold: args.slots_untold,
+            cold_start: args.cold_start,
         },
         seeds: args.seeds,
         scale: TimeScale(args.time_scale),

@@ -77,6 +77,9 @@ pub struct WorkloadSpec {
     pub node_slots: Option<usize>,
     /// corral's configuration leaves out every node's slots (`num_parallel`): it learns them.
     pub slots_untold: bool,
+    /// Every node starts with no model loaded, as a fleet does each morning (models unload
+    /// after `keep_alive`) and after a restart.
+    pub cold_start: bool,
 }
 
 /// Values given on the command line, applied to every selected workload.
@@ -92,6 +95,7 @@ pub struct Overrides {
     pub seed: Option<u64>,
     pub node_slots: Option<usize>,
     pub slots_untold: bool,
+    pub cold_start: bool,
 }
 
 impl WorkloadSpec {
@@ -113,6 +117,7 @@ impl WorkloadSpec {
             seed: 42,
             node_slots: None,
             slots_untold: false,
+            cold_start: false,
         };
         match kind {
             WorkloadKind::LongChat => base,
@@ -169,6 +174,7 @@ impl WorkloadSpec {
         self.seed = o.seed.unwrap_or(self.seed);
         self.node_slots = o.node_slots.map(|n| n.max(1)).or(self.node_slots);
         self.slots_untold |= o.slots_untold;
+        self.cold_start |= o.cold_start;
         self
     }
 }

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""corral against a client-side hash of the conversation (corral-bench's sticky-hash: unweighted,
+as a client would do it), cell by cell: corral-bench replay over stand-ins that follow one real
+server's rule each, corral told neither the kind nor (with --slots-untold) the slots. For each
+cell prints median [min-max] over the seeds of the follow-ups' warm share, their TTFT p50 and
+p90, the mean TTFT over all turns, the workload's wall time and the errors, then each corral
+build against the hash: every time at most 1.1x the hash's, warm share at least the hash's minus
+0.02 (0.05 on the old runner), no errors.
+
+Usage: scripts/bench-hash.py [--bench PATH] [--corral NAME=PATH ...] [--seeds 5]
+                             [--kinds ollama,ollama-legacy,llama-cpp,openai] [--loads 1,2]
+                             [--workload long-chat] [--cold-start] [--slots-untold] [--time-scale 10]
+
+--corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
+builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
+turn with the hash for every seed, so they share the machine's state.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from benchstats import cell
+
+SLOTS = 12  # the replay fleet's slots for the chat model (4 + 4 + 2 + 2)
+HASH = "sticky-hash"
+MEASURES = [  # (key, column, format, lower is better)
+    ("warm", "follow-up warm %", "{:.1f}", False),
+    ("p50", "follow-up TTFT p50 ms", "{:.0f}", True),
+    ("p90", "p90 ms", "{:.0f}", True),
+    ("mean", "mean TTFT ms", "{:.0f}", True),
+    ("wall", "wall s", "{:.2f}", True),
+    ("errors", "errors", "{:.0f}", True),
+    ("idle", "nodes that served nothing", "{:.0f}", True),
+]
+WORKLOAD_ARGS = {  # the long-chat cell of scripts/bench-kinds.py; the others at their defaults
+    "long-chat": ["--conversations", "24", "--turns", "4", "--prompt-tokens", "8000",
+                  "--cache-ram-tokens", "40000"],
+    "shared-system": ["--cache-ram-tokens", "40000"],
+    "model-mix": ["--cache-ram-tokens", "40000"],
+}
+
+
+def replay(args, kind, live, seed, policy, corral=None):
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [args.bench, "replay", "--workload", args.workload, "--concurrency", str(live),
+               "--node-kind", kind, "--policy", policy, "--seed", str(seed), "--out", out,
+               "--no-plots", "--time-scale", str(args.time_scale)]
+        cmd += WORKLOAD_ARGS.get(args.workload, [])
+        cmd += ["--slots-untold"] if args.slots_untold else []
+        cmd += ["--cold-start"] if args.cold_start else []
+        cmd += ["--corral", corral] if corral else []
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(f"{out}/replay.json") as f:
+            p = json.load(f)["workloads"][0]["policies"][0]
+    w = p["follow_up_warm"]
+    return {
+        "warm": 100.0 * w["cached_tokens"] / max(1, w["prompt_tokens"]),
+        "p50": p["ttft_follow_up_ms"]["p50"],
+        "p90": p["ttft_follow_up_ms"]["p90"],
+        "mean": p["ttft_mean_ms"],
+        "wall": p["elapsed_s"],
+        "errors": p["errors"] + p.get("unsent", 0),
+        "idle": sum(1 for n in p["turns_per_node"] if n == 0),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", default="target/release/corral-bench")
+    ap.add_argument("--corral", action="append", default=[],
+                    help="NAME=PATH of a corral binary (repeatable); default: the one beside corral-bench")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--kinds", default="ollama,ollama-legacy,llama-cpp,openai")
+    ap.add_argument("--loads", default="1,2", help="live conversations per slot")
+    ap.add_argument("--workload", default="long-chat")
+    ap.add_argument("--cold-start", action="store_true", help="every node starts with no model loaded")
+    ap.add_argument("--slots-untold", action="store_true", help="leave num_parallel out of corral's config")
+    ap.add_argument("--time-scale", type=float, default=10.0)
+    args = ap.parse_args()
+    builds = [tuple(c.split("=", 1)) for c in args.corral] or [("corral", None)]
+    names = [name for name, _ in builds] + [HASH]
+
+    print(f"workload {args.workload}, cold start {args.cold_start}, slots untold {args.slots_untold}, "
+          f"seeds 1-{args.seeds}, time scale {args.time_scale}")
+    print()
+    print("| kind | load | policy | " + " | ".join(m[1] for m in MEASURES) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in MEASURES) + " |")
+    verdicts = []
+    for kind in args.kinds.split(","):
+        for load in [int(n) for n in args.loads.split(",")]:
+            rows = {name: {m[0]: [] for m in MEASURES} for name in names}
+            for seed in range(1, args.seeds + 1):
+                runs = [(name, "corral", path) for name, path in builds] + [(HASH, HASH, None)]
+                for name, policy, path in runs:
+                    got = replay(args, kind, load * SLOTS, seed, policy, path)
+                    for key, values in rows[name].items():
+                        values.append(got[key])
+                print(f"{kind} {load}x seed {seed} done", file=sys.stderr)
+            for name in names:
+                cols = " | ".join(cell(rows[name][key], fmt) for key, _, fmt, _ in MEASURES)
+                print(f"| {kind} | {load}x | {name} | {cols} |")
+            sys.stdout.flush()
+            verdicts += [(kind, load, name, goals(kind, rows[name], rows[HASH])) for name, _ in builds]
+    print()
+    print("| kind | load | build | warm share | p50 | p90 | mean TTFT | wall | errors |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for kind, load, name, cols in verdicts:
+        print(f"| {kind} | {load}x | {name} | " + " | ".join(cols) + " |")
+
+
+def goals(kind, mine, hashed):
+    """Each measure's median against the hash's, with its verdict."""
+    med = lambda values: statistics.median(values)
+    verdict = lambda ok: "met" if ok else "**missed**"
+    slack = 5.0 if kind == "ollama-legacy" else 2.0
+    cols = [f"{med(mine['warm']):.1f} vs {med(hashed['warm']):.1f}: "
+            f"{verdict(med(mine['warm']) >= med(hashed['warm']) - slack)}"]
+    for key in ("p50", "p90", "mean", "wall"):
+        ratio = med(mine[key]) / max(1e-9, med(hashed[key]))
+        cols.append(f"{ratio:.2f}x: {verdict(ratio <= 1.1)}")
+    cols.append(f"{sum(mine['errors']):.0f}: {verdict(sum(mine['errors']) == 0)}")
+    return cols
+
+
+if __name__ == "__main__":
+    main()
