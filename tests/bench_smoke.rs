@@ -122,6 +122,38 @@ fn placement_runs_over_seeds_and_corral_counts_what_the_nodes_count() {
     );
 }
 
+#[test]
+fn handoff_counts_a_handoff_for_every_slot_taken_again_on_both_queues() {
+    let corral = Path::new(env!("CARGO_BIN_EXE_corral"));
+    let out = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
+        .args([
+            "handoff",
+            "--requests",
+            "3",
+            "--time-scale",
+            "200",
+            "--corral",
+        ])
+        .arg(corral)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("corral-bench runs");
+    assert!(out.status.success(), "corral-bench handoff failed");
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    // 24 clients on 12 slots, 3 requests each: 72 served; every slot served its first request
+    // without a handoff before it.
+    for queue in ["the node's own", "corral's"] {
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| {queue} |")))
+            .unwrap_or_else(|| panic!("a row for {queue}: {text}"));
+        let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert_eq!(cols[2], "72", "{row}");
+        let handoffs: usize = cols[3].parse().expect("a count");
+        assert!((72 - 12..72).contains(&handoffs), "{row}");
+    }
+}
+
 /// Runs the benchmark binary on every workload, tiny.
 fn run_replay(out: &Path) {
     let conversations = CONVERSATIONS.to_string();

@@ -90,6 +90,9 @@ async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
     let lease = node.residency.acquire(&want).await?;
     let prompt = fit_to_context(job.prompt, lease.context);
     let slot = lease.slots.acquire(&prompt).await;
+    if let Some(free_for) = slot.free_for() {
+        node.record_handoff(free_for);
+    }
     let mut stats = stats_before_decode(node, &lease, &slot, &prompt, job.max_tokens);
     node.record(ServedRequest {
         endpoint: job.api.path().to_string(),

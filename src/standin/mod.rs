@@ -126,6 +126,13 @@ impl StandinNode {
         self.server.restart().await
     }
 
+    /// For each slot a generating request took that had served one before: how long it had
+    /// been free. While requests wait for every slot (in the node's queue or a router's),
+    /// that is the time from a reply's end to the next request's start there.
+    pub fn handoffs(&self) -> Vec<std::time::Duration> {
+        self.node.handoffs()
+    }
+
     /// Every generating and embedding request served so far, in order of service start.
     pub fn log(&self) -> Vec<ServedRequest> {
         self.node.log()

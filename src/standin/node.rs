@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -19,10 +20,15 @@ pub struct Node {
     pub residency: Arc<Residency>,
     fault: watch::Sender<Fault>,
     log: Mutex<Vec<ServedRequest>>,
+    /// How long each slot taken had been free (see [`Node::record_handoff`]).
+    handoffs: Mutex<Vec<Duration>>,
     ids: AtomicU64,
     /// One embedding at a time per embedding model (see [`Node::embedding_turn`]).
     embed_lines: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// Handoffs a node keeps (see [`Node::record_handoff`]).
+const MAX_HANDOFFS: usize = 1 << 16;
 
 /// What kind of work a request asks of a model, to refuse chat with an embedding model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +46,7 @@ impl Node {
             residency,
             fault: watch::Sender::new(Fault::None),
             log: Mutex::new(Vec::new()),
+            handoffs: Mutex::new(Vec::new()),
             ids: AtomicU64::new(0),
             embed_lines: Mutex::default(),
         }))
@@ -123,6 +130,19 @@ impl Node {
 
     pub fn log(&self) -> Vec<ServedRequest> {
         self.log.lock().clone()
+    }
+
+    /// A slot was taken after being free for `free_for`. Kept up to [`MAX_HANDOFFS`] (the
+    /// demo runs for ever; a benchmark reads its first ones).
+    pub fn record_handoff(&self, free_for: Duration) {
+        let mut handoffs = self.handoffs.lock();
+        if handoffs.len() < MAX_HANDOFFS {
+            handoffs.push(free_for);
+        }
+    }
+
+    pub fn handoffs(&self) -> Vec<Duration> {
+        self.handoffs.lock().clone()
     }
 
     /// A number for response ids (`chatcmpl-N`), unique within the node.

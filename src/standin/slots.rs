@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -22,6 +23,8 @@ pub struct Slot {
     pub busy: bool,
     /// Logical time of last use, for least-recently-used choice.
     pub last_used: u64,
+    /// When its last request let it go.
+    pub freed: Option<Instant>,
 }
 
 #[cfg(test)]
@@ -32,6 +35,7 @@ impl Slot {
             text: text.as_bytes().to_vec(),
             busy,
             last_used,
+            freed: None,
         }
     }
 }
@@ -114,6 +118,7 @@ impl SlotTable {
         };
         let (index, common) = chosen.unwrap_or((0, 0));
         let slot = &mut slots[index];
+        let free_for = slot.freed.map(|t| t.elapsed());
         slot.busy = true;
         slot.last_used = self.tick();
         slot.text = prompt.to_vec();
@@ -124,6 +129,7 @@ impl SlotTable {
             table: Arc::clone(self),
             index,
             cached_tokens: cached_tokens(common, tokens_in(prompt.len())),
+            free_for,
             _permit: permit,
         }
     }
@@ -146,12 +152,19 @@ pub struct SlotLease {
     table: Arc<SlotTable>,
     index: usize,
     cached_tokens: u32,
+    /// How long the slot had been free when this request took it (`None`: never used): with
+    /// requests always waiting, the handoff from the reply that freed it to this request.
+    free_for: Option<Duration>,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl SlotLease {
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    pub fn free_for(&self) -> Option<Duration> {
+        self.free_for
     }
 
     pub fn cached_tokens(&self) -> u32 {
@@ -180,6 +193,7 @@ impl Drop for SlotLease {
         let slot = &mut slots[self.index];
         slot.busy = false;
         slot.last_used = tick;
+        slot.freed = Some(Instant::now());
     }
 }
 

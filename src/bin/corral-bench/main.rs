@@ -1,5 +1,7 @@
 //! `corral-bench`: the measurements behind docs/benchmarks.md.
 //!
+//! - `handoff` measures how long a node's slot stays free while requests wait for it, through
+//!   corral's queue and the nodes' own.
 //! - `replay` runs multi-turn workloads against a simulated fleet through corral and four
 //!   baseline policies in one run, and reports warm shares, TTFT, model churn and throughput.
 //! - `backend`, `bare-pingora`, `make-body`, `stream-probe`, `free-port` and
@@ -11,6 +13,7 @@ mod bare;
 mod client;
 mod embed;
 mod fleet;
+mod handoff;
 mod overhead;
 mod plot;
 mod policy;
@@ -106,6 +109,21 @@ enum Command {
         /// Simulated embedding cost per token, microseconds.
         #[arg(long, default_value_t = 20)]
         prefill_us: u64,
+        /// The corral binary (default: the one next to corral-bench).
+        #[arg(long)]
+        corral: Option<PathBuf>,
+    },
+    /// How long a slot stays free while requests wait for it: corral's queue against the
+    /// nodes' own, on the replay fleet under closed-loop clients.
+    Handoff {
+        /// Clients per slot: 2 keeps about as many requests waiting as running.
+        #[arg(long, default_value_t = 2)]
+        load: usize,
+        /// Requests each client sends, one after another.
+        #[arg(long, default_value_t = 40)]
+        requests: usize,
+        #[arg(long, default_value_t = 40.0)]
+        time_scale: f64,
         /// The corral binary (default: the one next to corral-bench).
         #[arg(long)]
         corral: Option<PathBuf>,
@@ -261,6 +279,27 @@ fn run(command: Command) -> Result<(), String> {
                 },
             };
             print!("{}", runtime()?.block_on(embed::run(opts))?);
+            Ok(())
+        }
+        Command::Handoff {
+            load,
+            requests,
+            time_scale,
+            corral,
+        } => {
+            if load == 0 || requests == 0 || time_scale <= 0.0 {
+                return Err("--load, --requests and --time-scale must be above 0".into());
+            }
+            let opts = handoff::Options {
+                load,
+                requests,
+                scale: TimeScale(time_scale),
+                corral: match corral {
+                    Some(path) => path,
+                    None => fleet::sibling_corral()?,
+                },
+            };
+            print!("{}", runtime()?.block_on(handoff::run(opts))?);
             Ok(())
         }
         Command::FreePort => {
