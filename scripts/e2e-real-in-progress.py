@@ -20,9 +20,16 @@ Each run uses conversations no earlier run used (of this invocation or an earlie
 prompts carry a random tag), so no run finds another's prompts cached. The tag names the
 policy by a digit, so every policy's prompts have the same length.
 
+With --fresh every run starts on servers with no model loaded (each node is told to unload it,
+`keep_alive: 0`, as Ollama does by itself after `keep_alive` idle): the first requests decide
+where the model loads. Without it the model is loaded on every node before the first run.
+
+At the end, corral against the hash (issue 38's goals): wall time and mean TTFT over all turns at
+most 1.1x the hash's, prompt tokens evaluated per follow-up at most the hash's + 10%.
+
 Usage: start two servers (../shared/real-ollama/start.sh DIR 21101 21102) and corral
 (target/debug/corral -c conf/real-ollama.yaml), then
-    scripts/e2e-real-in-progress.py [--runs 2] [--corral URL] [--nodes URL,URL]
+    scripts/e2e-real-in-progress.py [--runs 2] [--fresh] [--corral URL] [--nodes URL,URL]
 """
 import argparse
 import json
@@ -90,6 +97,28 @@ def follow_up(turn):
             f"what does word {k} of your last answer mean?" for k in range(5)
         ),
     }
+
+
+def unload(args):
+    """Has every node unload the model, and waits until none lists it and corral has polled."""
+    for node in args.nodes:
+        body = {"model": args.model, "keep_alive": 0}
+        req = urllib.request.Request(f"{node}/api/generate", data=json.dumps(body).encode(), method="POST")
+        req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            resp.read()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listed = []
+        for node in args.nodes:
+            with urllib.request.urlopen(f"{node}/api/ps", timeout=10) as resp:
+                listed += json.loads(resp.read()).get("models") or []
+        if not listed:
+            # corral polls every second in conf/real-ollama.yaml: let it see the unloads.
+            time.sleep(2.5)
+            return
+        time.sleep(0.2)
+    raise SystemExit("the nodes did not unload the model within 60 s")
 
 
 def run_policy(args, run, policy, rng):
@@ -179,6 +208,8 @@ def summary(records, wall):
         "ttft_p90": p90,
         "wall": wall,
         "ttft_mean": statistics.mean(ttft),
+        "ttft_mean_all": statistics.mean(r["ttft"] for r in records),
+        "first_p50": statistics.median(r["ttft"] for r in records if r["turn"] == 0),
         # Where a follow-up's first token was spent, on average: before its node's clock
         # started (waiting in corral, or on the way), at the node before its prompt was
         # evaluated (the node's own queue, or other slots' prompts filling its batches), and
@@ -213,12 +244,14 @@ def main():
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--policies", default="corral,hash,random", type=lambda s: s.split(","))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--fresh", action="store_true", help="start every run with no model loaded")
     ap.add_argument("--json", help="write every turn's record here")
     args = ap.parse_args()
 
-    # Load the model on every node first, so that no policy pays the load.
-    for node in args.nodes:
-        stream_chat(node, args.model, [{"role": "user", "content": "Hi"}])
+    if not args.fresh:
+        # Load the model on every node first, so that no policy pays the load.
+        for node in args.nodes:
+            stream_chat(node, args.model, [{"role": "user", "content": "Hi"}])
 
     rng = random.Random(args.seed)
     results = {p: [] for p in args.policies}
@@ -226,6 +259,8 @@ def main():
     failures = 0
     for run in range(args.runs):
         for policy in args.policies:
+            if args.fresh:
+                unload(args)
             records, wall, errors = run_policy(args, run, policy, rng)
             failures += errors
             s = summary(records, wall)
@@ -236,15 +271,16 @@ def main():
                 f"run {run} {policy}: follow-ups evaluated {s['evaluated_mean']:.0f} tokens on "
                 f"average, {s['warm']}/{s['follow_ups']} warm; follow-up TTFT p50 "
                 f"{s['ttft_p50']:.2f} s, p90 {s['ttft_p90']:.2f} s; wall {wall:.1f} s{agreed}; "
-                f"first turns {s['first_turns']}; mean follow-up TTFT {s['ttft_mean']:.2f} s = "
+                f"first turns {s['first_turns']}, their TTFT p50 {s['first_p50']:.2f} s; "
+                f"mean TTFT over all turns {s['ttft_mean_all']:.2f} s; mean follow-up TTFT {s['ttft_mean']:.2f} s = "
                 f"{s['before_node']:.2f} s before the node + {s['at_node']:.2f} s there before "
                 f"its prompt + {s['prompt_secs']:.2f} s prompt evaluation",
                 flush=True,
             )
     print()
     print("| policy | prompt tokens evaluated per follow-up | follow-ups warm | "
-          "follow-up TTFT p50 / p90 | mean | wall |")
-    print("| --- | --- | --- | --- | --- | --- |")
+          "follow-up TTFT p50 / p90 | mean follow-up TTFT | first-turn TTFT p50 | mean TTFT, all turns | wall |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 
     def span(values, fmt):
         lo, hi = min(values), max(values)
@@ -257,8 +293,21 @@ def main():
             f"{span([r['ttft_p50'] for r in runs], '{:.1f}')} s / "
             f"{span([r['ttft_p90'] for r in runs], '{:.1f}')} s | "
             f"{span([r['ttft_mean'] for r in runs], '{:.1f}')} s | "
+            f"{span([r['first_p50'] for r in runs], '{:.1f}')} s | "
+            f"{span([r['ttft_mean_all'] for r in runs], '{:.1f}')} s | "
             f"{span([r['wall'] for r in runs], '{:.0f}')} s |"
         )
+    if "corral" in results and "hash" in results:
+        mean = lambda policy, key: statistics.mean(r[key] for r in results[policy])
+        verdict = lambda ok: "met" if ok else "MISSED"
+        print()
+        for key, what, limit in (("wall", "wall time", 1.1), ("ttft_mean_all", "mean TTFT", 1.1)):
+            ratio = mean("corral", key) / mean("hash", key)
+            print(f"- {what}: corral {mean('corral', key):.1f} s vs hash {mean('hash', key):.1f} s "
+                  f"({ratio:.2f}x, at most {limit}x): {verdict(ratio <= limit)}")
+        c, h = mean("corral", "evaluated_mean"), mean("hash", "evaluated_mean")
+        print(f"- prompt tokens per follow-up: corral {c:.0f} vs hash {h:.0f} (at most +10%): "
+              f"{verdict(c <= 1.1 * h)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dump, f, indent=1)
