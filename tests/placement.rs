@@ -320,7 +320,9 @@ async fn a_restarted_node_loads_the_model_again_when_requests_queue_elsewhere() 
     let answered = burst(&router.url(), "x:1", 2, "before").await;
     assert!(answered.iter().any(|n| n == "b"), "{answered:?}");
 
-    // `b` restarts: a new process on the same address, with nothing loaded.
+    // `b` restarts: a new process on the same address, with nothing loaded. Stopping waits
+    // until its listener is closed, so that the new one can bind the port.
+    b.stop().await;
     drop(b);
     let mut fresh = b_cfg;
     fresh.preload.clear();
@@ -377,4 +379,47 @@ async fn a_node_added_while_requests_wait_loads_the_model_and_serves_them() {
         "the added node served none of the waiting requests: {answered:?}"
     );
     assert_eq!(b.churn().loads, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_conversations_that_must_wait_share_the_queue_between_equal_nodes() {
+    // Two equal nodes of one slot with x loaded, each busy with a long reply.
+    let busy_node = |name: &str| {
+        let mut cfg = one_slot(name, 2000);
+        cfg.preload = vec!["x:1".into()];
+        cfg
+    };
+    let (a, b) = (start(busy_node("a")).await, start(busy_node("b")).await);
+    let admin_port = free_port();
+    let admin = format!("admin_listen: 127.0.0.1:{admin_port}\n");
+    let nodes = vec![NodeSpec::of(&a, 1), NodeSpec::of(&b, 1)];
+    let router = Router::start(nodes, &admin).await;
+    let holds = futures::future::join_all((0..2).map(|i| {
+        let url = router.url();
+        tokio::spawn(ask(url, "x:1".into(), format!("long {i}")))
+    }));
+    let running = tokio::spawn(holds);
+    eventually("both nodes run one", async || {
+        a.log().len() == 1 && b.log().len() == 1
+    })
+    .await;
+
+    // Four new conversations: none can start, and they wait two for each node.
+    let waiting = {
+        let url = router.url();
+        tokio::spawn(async move { burst(&url, "x:1", 4, "waits").await })
+    };
+    let fleet = format!("http://127.0.0.1:{admin_port}/fleet");
+    eventually("four requests wait, two for each node", async || {
+        let status = get_json(&fleet).await;
+        let waits: Vec<u64> = (status["nodes"].as_array().cloned().unwrap_or_default())
+            .iter()
+            .map(|n| n["models"]["x:1"]["waiting"].as_u64().unwrap_or(0))
+            .collect();
+        waits == [2, 2]
+    })
+    .await;
+    // Every one is served (which node serves it is decided again as slots free).
+    assert_eq!(waiting.await.expect("the burst ran").len(), 4);
+    running.await.expect("the long replies ran");
 }
