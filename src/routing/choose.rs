@@ -367,17 +367,19 @@ fn load_where_sooner(
         let times = if evicts { 2.0 } else { 1.0 };
         Some(times * stay::load_estimate(starts[i].load_s.or(learned_load)))
     };
-    let costs = (0..ranked.len()).filter_map(|i| Some((i, load_s(i)? + prefill(i))));
+    // Seconds until the request's first token where it loads the model.
+    let start_loading = |i: usize| Some(load_s(i)? + prefill(i));
+    let costs = (0..ranked.len()).filter_map(|i| Some((i, start_loading(i)?)));
     let Some(pick) = cheapest(ranked, costs) else {
         return;
     };
-    let sooner = match starts[best].wait() {
-        Some(wait_s) => {
+    let sooner = match (starts[best].wait(), start_loading(pick)) {
+        (Some(wait_s), Some(loading_s)) => {
             let warm_there = warm_node == Some(ranked[best].node.id);
             let best_prefill = if warm_there { 0.0 } else { prefill(best) };
-            load_s(pick).unwrap_or(0.0) + prefill(pick) < wait_s + best_prefill
+            loading_s < wait_s + best_prefill
         }
-        None => true,
+        _ => true,
     };
     if sooner && let Some(raise) = lead(ranked, pick) {
         ranked[pick].scores.sooner = raise;
