@@ -328,6 +328,17 @@ impl Node {
             .max(1)
     }
 
+    /// Runs fewer requests for `model` than it is believed to run at once.
+    pub fn has_room(&self, model: &str) -> bool {
+        self.free_slots(model) > 0
+    }
+
+    /// How many more requests for `model` it is believed to run at once.
+    pub fn free_slots(&self, model: &str) -> usize {
+        let running = self.books(|books| books.models.get(model).map_or(0, |m| m.in_flight));
+        self.parallel().saturating_sub(running as usize)
+    }
+
     pub fn settings(&self) -> Arc<NodeConfig> {
         self.settings.load_full()
     }

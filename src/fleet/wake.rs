@@ -1,46 +1,119 @@
 //! Waking the requests that wait in corral's queue when something changes that could change
-//! where they go: per model for a slot freed or a model loaded or unloaded there, all of them
-//! for a node coming up or going down, or a reload. A completion wakes only the requests
-//! for the same model, not every waiter.
+//! where they go.
+//!
+//! A freed slot is handed to one waiter for its model, not to all of them: the one waiting
+//! warm for that node, else the one waiting longest. A waiter that decides without taking it
+//! (its conversation is warm elsewhere, the slot went meanwhile) passes it on to the next, each
+//! waiter at most once and only while the node still has room, so a freed slot is neither
+//! lost nor fought over. Other news wakes every waiter it concerns: a load or an unload seen
+//! for the model, a node coming up or going down, a reload.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use super::Node;
+
 #[derive(Default)]
 pub struct Wakeups {
-    /// One per model that requests wait for now. Weak: a model's entry goes when its last
-    /// waiter does, so invented model names leave nothing behind.
-    by_model: Mutex<HashMap<String, Weak<Notify>>>,
+    /// One per model that requests look for a slot of now. Weak: a model's entry goes when
+    /// its last waiter does, so invented model names leave nothing behind.
+    by_model: Mutex<HashMap<String, Weak<Queue>>>,
     /// Fleet-wide news: a node came up or went down, the configuration changed.
     fleet: Notify,
+    /// Arrival order of listeners: the lower, the longer it waits.
+    next_id: AtomicU64,
 }
 
-/// What a waiting request listens to; see [`Wakeups::listen`] and [`Listener::news`].
+/// The requests of one model that look for a slot.
+struct Queue {
+    model: String,
+    waiters: Mutex<Vec<Waiter>>,
+    /// News for every waiter of the model: a load or an unload seen.
+    all: Notify,
+}
+
+struct Waiter {
+    id: u64,
+    /// Deciding or waiting; not while its request runs on a node.
+    looking: bool,
+    /// The node it waits for, and whether its conversation is warm there.
+    best: Option<(u16, bool)>,
+    /// A freed slot handed to it and not yet looked at.
+    handed: Option<Offer>,
+    wake: Arc<Notify>,
+}
+
+/// A freed slot on its way to a waiter, with the waiters it was offered to.
+struct Offer {
+    node: Arc<Node>,
+    offered: Vec<u64>,
+}
+
+/// A request's place among the waiters for its model; see [`Wakeups::listen`].
 pub struct Listener {
-    model: Arc<Notify>,
+    queue: Arc<Queue>,
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+/// A freed slot handed to a request. Unless [`Listener::sent`] finds the request sent to its
+/// node, it goes on to the next waiter, also when dropped.
+pub struct Handoff {
+    queue: Arc<Queue>,
+    offer: Option<Offer>,
 }
 
 impl Wakeups {
-    /// A handle to wait on for news that concerns `model`.
+    /// Registers a request among the waiters for `model`; it looks for a slot from its first
+    /// [`Listener::news`] on.
     pub fn listen(&self, model: &str) -> Listener {
-        let mut by_model = self.by_model.lock();
-        if let Some(notify) = by_model.get(model).and_then(Weak::upgrade) {
-            return Listener { model: notify };
-        }
-        by_model.retain(|_, w| w.strong_count() > 0);
-        let notify = Arc::new(Notify::new());
-        by_model.insert(model.to_string(), Arc::downgrade(&notify));
-        Listener { model: notify }
+        let queue = {
+            let mut by_model = self.by_model.lock();
+            match by_model.get(model).and_then(Weak::upgrade) {
+                Some(queue) => queue,
+                None => {
+                    by_model.retain(|_, w| w.strong_count() > 0);
+                    let queue = Arc::new(Queue {
+                        model: model.to_string(),
+                        waiters: Mutex::new(Vec::new()),
+                        all: Notify::new(),
+                    });
+                    by_model.insert(model.to_string(), Arc::downgrade(&queue));
+                    queue
+                }
+            }
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        queue.waiters.lock().push(Waiter {
+            id,
+            looking: false,
+            best: None,
+            handed: None,
+            wake: wake.clone(),
+        });
+        Listener { queue, id, wake }
     }
 
-    /// Something changed for this model: a slot freed, a load or an unload seen.
+    /// A slot for `model` freed on `node` (a request ended, or a warm waiter left the slot it
+    /// was left): one waiter gets it.
+    pub fn slot_freed(&self, model: &str, node: &Arc<Node>) {
+        if let Some(queue) = self.queue(model) {
+            queue.hand(Offer {
+                node: node.clone(),
+                offered: Vec::new(),
+            });
+        }
+    }
+
+    /// The model was loaded or unloaded somewhere: every waiter for it looks again.
     pub fn model_changed(&self, model: &str) {
-        let notify = self.by_model.lock().get(model).and_then(Weak::upgrade);
-        if let Some(notify) = notify {
-            notify.notify_waiters();
+        if let Some(queue) = self.queue(model) {
+            queue.all.notify_waiters();
         }
     }
 
@@ -48,6 +121,10 @@ impl Wakeups {
     /// again.
     pub fn fleet_changed(&self) {
         self.fleet.notify_waiters();
+    }
+
+    fn queue(&self, model: &str) -> Option<Arc<Queue>> {
+        self.by_model.lock().get(model).and_then(Weak::upgrade)
     }
 
     /// Models with a waiter now.
@@ -61,19 +138,130 @@ impl Wakeups {
     }
 }
 
+impl Queue {
+    /// Hands the slot to the waiter that should have it, unless the node has no room left
+    /// for the model or every looking waiter was offered it (or holds another).
+    fn hand(&self, mut offer: Offer) {
+        if !offer.node.has_room(&self.model) {
+            return;
+        }
+        let node = offer.node.id;
+        let mut waiters = self.waiters.lock();
+        let chosen = waiters
+            .iter_mut()
+            .filter(|w| w.looking && w.handed.is_none() && !offer.offered.contains(&w.id))
+            .min_by_key(|w| (w.best != Some((node, true)), w.id));
+        if let Some(waiter) = chosen {
+            offer.offered.push(waiter.id);
+            waiter.wake.notify_waiters();
+            waiter.handed = Some(offer);
+        }
+    }
+
+    fn with_waiter<R>(&self, id: u64, f: impl FnOnce(&mut Waiter) -> R) -> Option<R> {
+        self.waiters.lock().iter_mut().find(|w| w.id == id).map(f)
+    }
+}
+
 impl Listener {
-    /// Completes on news for this listener's model, or fleet-wide news, sent after this
-    /// call: call it before looking at the fleet, so that news in between is not lost.
+    /// Completes on news for this request: a slot handed to it, its model loaded or
+    /// unloaded, fleet-wide news, sent after this call. Call it before looking at the fleet,
+    /// so that news in between is not lost; from then on the request counts as looking.
     pub fn news<'a>(&'a self, wakeups: &'a Wakeups) -> impl Future<Output = ()> + 'a {
-        let mut model = Box::pin(self.model.notified());
+        let mut handed = Box::pin(self.wake.notified());
+        let mut model = Box::pin(self.queue.all.notified());
         let mut fleet = Box::pin(wakeups.fleet.notified());
+        handed.as_mut().enable();
         model.as_mut().enable();
         fleet.as_mut().enable();
+        self.queue.with_waiter(self.id, |w| w.looking = true);
         async move {
             tokio::select! {
+                _ = handed => {}
                 _ = model => {}
                 _ = fleet => {}
             }
+        }
+    }
+
+    /// The slot handed to the request since it last looked, if any: take it before deciding,
+    /// and give it to [`Listener::sent`] or [`Listener::waits`] after.
+    pub fn take_handoff(&self) -> Option<Handoff> {
+        let offer = self.queue.with_waiter(self.id, |w| w.handed.take())??;
+        Some(Handoff {
+            queue: self.queue.clone(),
+            offer: Some(offer),
+        })
+    }
+
+    /// Every slot free on `node` for the model is handed to another waiter: this request
+    /// must not take one, or the waiter it was handed to finds it gone (a new request, or a
+    /// waiter looking again on its own, would jump the queue).
+    pub fn leaves_to_others(&self, node: &Node) -> bool {
+        let handed = self
+            .queue
+            .waiters
+            .lock()
+            .iter()
+            .filter(|w| w.id != self.id)
+            .filter(|w| w.handed.as_ref().is_some_and(|o| o.node.id == node.id))
+            .count();
+        handed > 0 && handed >= node.free_slots(&self.queue.model)
+    }
+
+    /// The request was sent to `node`: it stops looking until it looks again. A slot handed
+    /// to it on another node goes on to the next waiter.
+    pub fn sent(&self, node: u16, handoff: Option<Handoff>) {
+        if let Some(mut handoff) = handoff
+            && handoff.offer.as_ref().is_some_and(|o| o.node.id == node)
+        {
+            handoff.offer = None;
+        }
+        let late = self.queue.with_waiter(self.id, |w| {
+            w.looking = false;
+            w.best = None;
+            w.handed.take()
+        });
+        self.pass_on(late.flatten());
+    }
+
+    /// The request waits for `node`, `warm` if its conversation is warm there: the waiter a
+    /// slot freed there goes to first. A slot handed to it goes on to the next waiter.
+    pub fn waits(&self, node: u16, warm: bool, handoff: Option<Handoff>) {
+        self.queue
+            .with_waiter(self.id, |w| w.best = Some((node, warm)));
+        drop(handoff);
+    }
+
+    fn pass_on(&self, offer: Option<Offer>) {
+        if let Some(offer) = offer {
+            self.queue.hand(offer);
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let handed = {
+            let mut waiters = self.queue.waiters.lock();
+            let gone = waiters.iter().position(|w| w.id == self.id);
+            gone.and_then(|i| waiters.swap_remove(i).handed)
+        };
+        self.pass_on(handed);
+    }
+}
+
+impl Handoff {
+    /// The node whose slot it is.
+    pub fn node(&self) -> u16 {
+        self.offer.as_ref().map_or(u16::MAX, |o| o.node.id)
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        if let Some(offer) = self.offer.take() {
+            self.queue.hand(offer);
         }
     }
 }
@@ -81,10 +269,16 @@ impl Listener {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::NodeConfig;
     use futures::FutureExt;
 
+    fn node(id: u16) -> Arc<Node> {
+        let config = NodeConfig::new(&format!("n{id}"), "http://127.0.0.1:9");
+        Arc::new(Node::new(id, config).unwrap())
+    }
+
     #[test]
-    fn news_for_one_model_wakes_only_its_waiters_and_fleet_news_wakes_all() {
+    fn load_news_for_one_model_wakes_only_its_waiters_and_fleet_news_wakes_all() {
         let w = Wakeups::default();
         let a = w.listen("a");
         let b = w.listen("b");
@@ -109,5 +303,109 @@ mod tests {
         let _kept = w.listen("real");
         assert_eq!(w.models(), 1);
         w.model_changed("invented");
+        w.slot_freed("invented", &node(0));
+    }
+
+    #[test]
+    fn a_freed_slot_wakes_one_waiter_the_oldest() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let (old, young) = (w.listen("m"), w.listen("m"));
+        let (for_old, for_young) = (old.news(&w), young.news(&w));
+        tokio::pin!(for_old, for_young);
+        old.waits(1, false, None);
+        young.waits(0, false, None);
+        w.slot_freed("m", &n);
+        assert!(for_old.as_mut().now_or_never().is_some(), "the oldest");
+        assert!(for_young.as_mut().now_or_never().is_none(), "only one");
+        assert_eq!(old.take_handoff().map(|h| h.node()), Some(0));
+    }
+
+    #[test]
+    fn a_freed_slot_goes_first_to_a_waiter_warm_on_its_node() {
+        let w = Wakeups::default();
+        let n = node(3);
+        let (old, warm_elsewhere, warm) = (w.listen("m"), w.listen("m"), w.listen("m"));
+        let news = [old.news(&w), warm_elsewhere.news(&w), warm.news(&w)];
+        old.waits(3, false, None);
+        warm_elsewhere.waits(1, true, None);
+        warm.waits(3, true, None);
+        w.slot_freed("m", &n);
+        let woken: Vec<bool> = news
+            .into_iter()
+            .map(|f| Box::pin(f).now_or_never().is_some())
+            .collect();
+        assert_eq!(woken, [false, false, true]);
+    }
+
+    #[test]
+    fn a_declined_slot_goes_on_to_each_waiter_once() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let (a, b) = (w.listen("m"), w.listen("m"));
+        let (_for_a, for_b) = (a.news(&w), b.news(&w));
+        tokio::pin!(for_b);
+        w.slot_freed("m", &n);
+        // a decides to wait for another node: b is offered the slot.
+        a.waits(1, true, a.take_handoff());
+        assert!(for_b.as_mut().now_or_never().is_some());
+        // b declines too: a was offered it already, so it goes nowhere.
+        b.waits(1, true, b.take_handoff());
+        assert!(a.take_handoff().is_none() && b.take_handoff().is_none());
+    }
+
+    #[test]
+    fn a_request_sent_elsewhere_or_gone_passes_the_slot_on() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let (a, b, c) = (w.listen("m"), w.listen("m"), w.listen("m"));
+        for l in [&a, &b, &c] {
+            drop(l.news(&w));
+        }
+        w.slot_freed("m", &n);
+        // a went to node 1: b gets the slot on node 0.
+        a.sent(1, a.take_handoff());
+        let handoff = b.take_handoff().expect("passed on to b");
+        // b takes it: nothing goes further.
+        b.sent(0, Some(handoff));
+        assert!(c.take_handoff().is_none());
+        // A slot handed to a request that leaves without looking at it goes on.
+        w.slot_freed("m", &n);
+        let d = w.listen("m");
+        drop(d.news(&w));
+        drop(c);
+        assert!(d.take_handoff().is_some(), "c had it and left: d gets it");
+    }
+
+    #[test]
+    fn a_slot_handed_to_one_waiter_is_left_to_it_by_the_others() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let (old, young) = (w.listen("m"), w.listen("m"));
+        for l in [&old, &young] {
+            drop(l.news(&w));
+        }
+        w.slot_freed("m", &n);
+        assert!(young.leaves_to_others(&n), "the slot is the oldest's");
+        assert!(!old.leaves_to_others(&n), "its own");
+        let handoff = old.take_handoff();
+        old.sent(0, handoff);
+        // Another free slot, not handed to anyone yet, is anyone's to take.
+        assert!(!young.leaves_to_others(&n));
+    }
+
+    #[test]
+    fn a_slot_is_not_handed_on_once_taken_by_another_request() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let (a, b) = (w.listen("m"), w.listen("m"));
+        for l in [&a, &b] {
+            drop(l.news(&w));
+        }
+        w.slot_freed("m", &n);
+        // Another request took the node's only slot meanwhile.
+        n.books(|books| books.models.entry_ref("m").or_default().in_flight = 1);
+        a.waits(0, false, a.take_handoff());
+        assert!(b.take_handoff().is_none(), "no room: nothing to hand on");
     }
 }

@@ -304,9 +304,14 @@ async fn send_chunk(
     let mut dispatch = loop {
         // Listen before looking, so that a slot freed meanwhile is not missed.
         let news = listener.news(&plan.router.fleet.wakeups);
-        if let Some(dispatch) = plan.router.try_dispatch(node, plan.profile) {
+        let handoff = listener.take_handoff();
+        if !listener.leaves_to_others(node)
+            && let Some(dispatch) = plan.router.try_dispatch(node, plan.profile)
+        {
+            listener.sent(node.id, handoff);
             break dispatch;
         }
+        listener.waits(node.id, false, handoff);
         if tokio::time::timeout_at(deadline, news).await.is_err() {
             return ChunkOutcome::Failed("no free slot in time".into());
         }

@@ -15,12 +15,18 @@ use super::RequestCtx;
 use super::account::{Account, Answered};
 use super::relay::{self, End, Upstream, Wait, race};
 use crate::config::Config;
-use crate::fleet::{Evidence, Node, Rules};
+use crate::fleet::{Evidence, Listener, Node, Rules};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
 use crate::routing::{
     Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket, yields_to_warm,
 };
+
+/// A request waiting for a node weighs its choice again at least this often, news or not:
+/// what corral knows of the nodes (the slots they run, their speeds, the models on their
+/// disks) changes with every reply and poll, and a queue joined when it looked short may
+/// since be worth a load elsewhere.
+const RELOOK: Duration = Duration::from_secs(1);
 
 pub struct Forwarder {
     upstream: Upstream,
@@ -123,13 +129,16 @@ impl Forwarder {
             // under the lock every decision takes: until this request has decided, a
             // request cold on its node still sees it waiting warm there.
             drop(waiting.take());
+            // A slot handed to this request: it goes on to the next waiter unless this
+            // request takes it.
+            let handoff = listener.take_handoff();
             let decided = router.decide_with(profile, config);
             let picked = decided.as_ref().map(|decision| {
                 let choice = if exhausted {
                     Pick::Exhausted
                 } else {
                     let waited = waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
-                    pick(router, decision, &tried, profile, waited, config)
+                    pick(router, decision, &tried, profile, waited, &listener, config)
                 };
                 (decision, choice)
             });
@@ -140,7 +149,10 @@ impl Forwarder {
                 Err(e) => return refuse(session, ctx, e.clone(), config).await,
             };
             let (candidate, dispatch) = match picked {
-                Pick::Send(candidate, dispatch) => (candidate, dispatch),
+                Pick::Send(candidate, dispatch) => {
+                    listener.sent(candidate.node.id, handoff);
+                    (candidate, dispatch)
+                }
                 Pick::Exhausted if failures.iter().all(|f| f.error.unreachable()) => {
                     // Nothing listens anywhere: the fleet is restarting, or starting with
                     // corral. Wait for a node to come back rather than refuse, counted as
@@ -148,7 +160,9 @@ impl Forwarder {
                     let max = config.queue.max_waiting;
                     let best = decision.ranked.first().map(|c| &c.node);
                     waiting = best.and_then(|n| {
-                        router.wait_ticket(n, &profile.model_key, decision.warm_on(n.id), max)
+                        let warm = decision.warm_on(n.id);
+                        listener.waits(n.id, warm, handoff);
+                        router.wait_ticket(n, &profile.model_key, warm, max)
                     });
                     if waiting.is_none() {
                         let message = "too many requests are waiting for a node";
@@ -176,6 +190,7 @@ impl Forwarder {
                 Pick::Wait(best) => {
                     let max = config.queue.max_waiting;
                     let warm = decision.warm_on(best.node.id);
+                    listener.waits(best.node.id, warm, handoff);
                     waiting = router.wait_ticket(&best.node, &profile.model_key, warm, max);
                     if waiting.is_none() {
                         let message = "too many requests are waiting for a node";
@@ -183,8 +198,9 @@ impl Forwarder {
                     }
                     waiting_since.get_or_insert_with(Instant::now);
                     let left = deadline.saturating_duration_since(Instant::now());
-                    match race(session, left, news).await {
-                        Wait::Done(()) => continue,
+                    let news_or_relook = tokio::time::timeout(RELOOK, news);
+                    match race(session, left, news_or_relook).await {
+                        Wait::Done(_) => continue,
                         Wait::TimedOut => {
                             if let Some(ticket) = waiting.take() {
                                 ticket.leave();
@@ -407,6 +423,9 @@ impl Forwarder {
                 return relay::end_broken(session, framing, node.name(), &reason, shape).await;
             }
         };
+        // The connection goes back to the pool before the slot is freed, so that the
+        // request handed the slot finds it there instead of opening another.
+        self.upstream.release(upstream, peer).await;
         let answered = Answered {
             fleet,
             node,
@@ -416,7 +435,6 @@ impl Forwarder {
         };
         self.account.settle(ctx, dispatch, answered);
         relay::end_reply(session, last).await?;
-        self.upstream.release(upstream, peer).await;
         Ok(())
     }
 
@@ -450,6 +468,7 @@ fn pick<'d>(
     tried: &[u16],
     profile: &Profile,
     waited: Duration,
+    listener: &Listener,
     config: &Config,
 ) -> Pick<'d> {
     let mut untried = decision
@@ -463,6 +482,9 @@ fn pick<'d>(
             None => return Pick::Exhausted,
         },
     };
+    if listener.leaves_to_others(&best.node) {
+        return Pick::Wait(best);
+    }
     let warm = decision.warm_on(best.node.id);
     let yields = yields_to_warm(warm, waited, config.queue.max_wait);
     // Rather than wait for the best node, probe whether it runs more requests at once.

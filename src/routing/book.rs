@@ -292,10 +292,12 @@ impl WaitTicket {
     /// Leaves the queue without deciding again (timed out, or the client left): requests
     /// that left a freed slot to this one, as it waited warm there, look again.
     pub fn leave(self) {
-        let wake = self.warm.then(|| (self.router.clone(), self.model.clone()));
+        let wake = self
+            .warm
+            .then(|| (self.router.clone(), self.node.clone(), self.model.clone()));
         drop(self);
-        if let Some((router, model)) = wake {
-            router.fleet.wakeups.model_changed(&model);
+        if let Some((router, node, model)) = wake {
+            router.fleet.wakeups.slot_freed(&model, &node);
         }
     }
 }
@@ -669,7 +671,10 @@ impl Drop for Dispatch {
             }
             forget_if_unused(&mut books.models, &self.model);
         });
-        // Only the requests waiting for this model can use the slot.
-        self.router.fleet.wakeups.model_changed(&self.model);
+        // Only a request waiting for this model can use the slot.
+        self.router
+            .fleet
+            .wakeups
+            .slot_freed(&self.model, &self.node);
     }
 }
