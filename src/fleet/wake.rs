@@ -158,6 +158,13 @@ impl Queue {
         }
     }
 
+    /// Hands on a slot its holder did not take, if any.
+    fn pass_on(&self, offer: Option<Offer>) {
+        if let Some(offer) = offer {
+            self.hand(offer);
+        }
+    }
+
     fn with_waiter<R>(&self, id: u64, f: impl FnOnce(&mut Waiter) -> R) -> Option<R> {
         self.waiters.lock().iter_mut().find(|w| w.id == id).map(f)
     }
@@ -222,7 +229,7 @@ impl Listener {
             w.best = None;
             w.handed.take()
         });
-        self.pass_on(late.flatten());
+        self.queue.pass_on(late.flatten());
     }
 
     /// The request waits for `node`, `warm` if its conversation is warm there: the waiter a
@@ -231,12 +238,6 @@ impl Listener {
         self.queue
             .with_waiter(self.id, |w| w.best = Some((node, warm)));
         drop(handoff);
-    }
-
-    fn pass_on(&self, offer: Option<Offer>) {
-        if let Some(offer) = offer {
-            self.queue.hand(offer);
-        }
     }
 }
 
@@ -247,22 +248,13 @@ impl Drop for Listener {
             let gone = waiters.iter().position(|w| w.id == self.id);
             gone.and_then(|i| waiters.swap_remove(i).handed)
         };
-        self.pass_on(handed);
-    }
-}
-
-impl Handoff {
-    /// The node whose slot it is.
-    pub fn node(&self) -> u16 {
-        self.offer.as_ref().map_or(u16::MAX, |o| o.node.id)
+        self.queue.pass_on(handed);
     }
 }
 
 impl Drop for Handoff {
     fn drop(&mut self) {
-        if let Some(offer) = self.offer.take() {
-            self.queue.hand(offer);
-        }
+        self.queue.pass_on(self.offer.take());
     }
 }
 
@@ -275,6 +267,20 @@ mod tests {
     fn node(id: u16) -> Arc<Node> {
         let config = NodeConfig::new(&format!("n{id}"), "http://127.0.0.1:9");
         Arc::new(Node::new(id, config).unwrap())
+    }
+
+    /// `N` requests for `m`, oldest first, each looking for a slot.
+    fn looking<const N: usize>(w: &Wakeups) -> [Listener; N] {
+        std::array::from_fn(|_| {
+            let l = w.listen("m");
+            drop(l.news(w));
+            l
+        })
+    }
+
+    fn handed_node(l: &Listener) -> Option<u16> {
+        let handoff = l.take_handoff()?;
+        handoff.offer.as_ref().map(|o| o.node.id)
     }
 
     #[test]
@@ -318,7 +324,7 @@ mod tests {
         w.slot_freed("m", &n);
         assert!(for_old.as_mut().now_or_never().is_some(), "the oldest");
         assert!(for_young.as_mut().now_or_never().is_none(), "only one");
-        assert_eq!(old.take_handoff().map(|h| h.node()), Some(0));
+        assert_eq!(handed_node(&old), Some(0));
     }
 
     #[test]
@@ -358,10 +364,7 @@ mod tests {
     fn a_request_sent_elsewhere_or_gone_passes_the_slot_on() {
         let w = Wakeups::default();
         let n = node(0);
-        let (a, b, c) = (w.listen("m"), w.listen("m"), w.listen("m"));
-        for l in [&a, &b, &c] {
-            drop(l.news(&w));
-        }
+        let [a, b, c] = looking::<3>(&w);
         w.slot_freed("m", &n);
         // a went to node 1: b gets the slot on node 0.
         a.sent(1, a.take_handoff());
@@ -371,8 +374,7 @@ mod tests {
         assert!(c.take_handoff().is_none());
         // A slot handed to a request that leaves without looking at it goes on.
         w.slot_freed("m", &n);
-        let d = w.listen("m");
-        drop(d.news(&w));
+        let [d] = looking::<1>(&w);
         drop(c);
         assert!(d.take_handoff().is_some(), "c had it and left: d gets it");
     }
@@ -381,10 +383,7 @@ mod tests {
     fn a_slot_handed_to_one_waiter_is_left_to_it_by_the_others() {
         let w = Wakeups::default();
         let n = node(0);
-        let (old, young) = (w.listen("m"), w.listen("m"));
-        for l in [&old, &young] {
-            drop(l.news(&w));
-        }
+        let [old, young] = looking::<2>(&w);
         w.slot_freed("m", &n);
         assert!(young.leaves_to_others(&n), "the slot is the oldest's");
         assert!(!old.leaves_to_others(&n), "its own");
@@ -398,10 +397,7 @@ mod tests {
     fn a_slot_is_not_handed_on_once_taken_by_another_request() {
         let w = Wakeups::default();
         let n = node(0);
-        let (a, b) = (w.listen("m"), w.listen("m"));
-        for l in [&a, &b] {
-            drop(l.news(&w));
-        }
+        let [a, b] = looking::<2>(&w);
         w.slot_freed("m", &n);
         // Another request took the node's only slot meanwhile.
         n.books(|books| books.models.entry_ref("m").or_default().in_flight = 1);
