@@ -10,6 +10,7 @@ build against the hash: every time at most 1.1x the hash's, warm share at least 
 Usage: scripts/bench-hash.py [--bench PATH] [--corral NAME=PATH ...] [--seeds 5]
                              [--kinds ollama,ollama-legacy,llama-cpp,openai] [--loads 1,2]
                              [--workload long-chat] [--cold-start] [--slots-untold] [--time-scale 10]
+                             [--equal-nodes] [--cache-ram-tokens N]
 
 --corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
 builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
@@ -24,7 +25,7 @@ import tempfile
 
 from benchstats import cell
 
-SLOTS = 12  # the replay fleet's slots for the chat model (4 + 4 + 2 + 2)
+SLOTS = 12  # the chat model's slots: the replay fleet's 4 + 4 + 2 + 2, or 3 equal nodes x 4
 HASH = "sticky-hash"
 MEASURES = [  # (key, column, format, lower is better)
     ("warm", "follow-up warm %", "{:.1f}", False),
@@ -36,11 +37,9 @@ MEASURES = [  # (key, column, format, lower is better)
     ("idle", "nodes that served nothing", "{:.0f}", True),
 ]
 WORKLOAD_ARGS = {  # the long-chat cell of scripts/bench-kinds.py; the others at their defaults
-    "long-chat": ["--conversations", "24", "--turns", "4", "--prompt-tokens", "8000",
-                  "--cache-ram-tokens", "40000"],
-    "shared-system": ["--cache-ram-tokens", "40000"],
-    "model-mix": ["--cache-ram-tokens", "40000"],
+    "long-chat": ["--conversations", "24", "--turns", "4", "--prompt-tokens", "8000"],
 }
+CACHE_RAM_TOKENS = 40000  # each node's host prompt cache, unless --cache-ram-tokens says
 
 
 def replay(args, kind, live, seed, policy, corral=None):
@@ -51,6 +50,8 @@ def replay(args, kind, live, seed, policy, corral=None):
         cmd += WORKLOAD_ARGS.get(args.workload, [])
         cmd += ["--slots-untold"] if args.slots_untold else []
         cmd += ["--cold-start"] if args.cold_start else []
+        cmd += ["--equal-nodes"] if args.equal_nodes else []
+        cmd += ["--cache-ram-tokens", str(args.cache_ram_tokens or CACHE_RAM_TOKENS)]
         cmd += ["--corral", corral] if corral else []
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(f"{out}/replay.json") as f:
@@ -79,12 +80,16 @@ def main():
     ap.add_argument("--cold-start", action="store_true", help="every node starts with no model loaded")
     ap.add_argument("--slots-untold", action="store_true", help="leave num_parallel out of corral's config")
     ap.add_argument("--time-scale", type=float, default=10.0)
+    ap.add_argument("--equal-nodes", action="store_true",
+                    help="three equal nodes instead of four of different speeds")
+    ap.add_argument("--cache-ram-tokens", type=int,
+                    help=f"each node's host prompt cache, in tokens (default {CACHE_RAM_TOKENS})")
     args = ap.parse_args()
     builds = [tuple(c.split("=", 1)) for c in args.corral] or [("corral", None)]
     names = [name for name, _ in builds] + [HASH]
 
     print(f"workload {args.workload}, cold start {args.cold_start}, slots untold {args.slots_untold}, "
-          f"seeds 1-{args.seeds}, time scale {args.time_scale}")
+          f"equal nodes {args.equal_nodes}, host cache {args.cache_ram_tokens or CACHE_RAM_TOKENS} tokens, seeds 1-{args.seeds}, time scale {args.time_scale}")
     print()
     print("| kind | load | policy | " + " | ".join(m[1] for m in MEASURES) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in MEASURES) + " |")

@@ -426,3 +426,44 @@ async fn new_conversations_that_must_wait_share_the_queue_between_equal_nodes() 
     assert_eq!(waiting.await.expect("the burst ran").len(), 4);
     running.await.expect("the long replies ran");
 }
+
+/// Ten new conversations at once on two nodes of one slot with x loaded, replies of 0.3 s on
+/// `fast` and 1.2 s on `slow`: two start, eight wait. Served as slots free, `fast` runs about
+/// four for each of `slow`'s and both finish near 2.4 s; a queue per node filled before
+/// either speed is known (five each) would keep `slow` busy for 6 s.
+async fn ten_waiting_on_a_fast_and_a_slow_node(num_parallel: usize) {
+    let loaded = |name: &str, reply_ms: u64| {
+        let mut cfg = one_slot(name, reply_ms);
+        cfg.preload = vec!["x:1".into()];
+        cfg
+    };
+    let (fast, slow) = (
+        start(loaded("fast", 300)).await,
+        start(loaded("slow", 1200)).await,
+    );
+    let nodes = vec![
+        NodeSpec::of(&fast, num_parallel),
+        NodeSpec::of(&slow, num_parallel),
+    ];
+    let router = Router::start(nodes, "").await;
+
+    let answered = burst(&router.url(), "x:1", 10, "waits").await;
+    let on = |name: &str| answered.iter().filter(|n| *n == name).count();
+    assert!(
+        (1..=3).contains(&on("slow")) && on("fast") >= 7,
+        "fast served {}, slow {}: {answered:?}",
+        on("fast"),
+        on("slow")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_conversations_that_must_wait_go_to_nodes_by_their_speed() {
+    ten_waiting_on_a_fast_and_a_slow_node(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_conversations_that_must_wait_go_to_nodes_by_their_speed_slots_untold() {
+    // corral probes each node's slots: one request past what it has shown waits there.
+    ten_waiting_on_a_fast_and_a_slow_node(0).await;
+}

@@ -88,6 +88,25 @@ pub fn nodes() -> Vec<NodeSpec> {
     ]
 }
 
+/// Three equal machines, the `gpu` desktop each: the fleet where a client-side hash is at its
+/// strongest, since an unweighted hash gives every node its fair share of the conversations.
+pub fn equal_nodes() -> Vec<NodeSpec> {
+    let gpu = nodes().into_iter().find(|n| n.name == "gpu");
+    let gpu = gpu.unwrap_or_else(|| unreachable!("the replay fleet has a gpu node"));
+    ["gpu-1", "gpu-2", "gpu-3"]
+        .into_iter()
+        .map(|name| NodeSpec {
+            name,
+            ..gpu.clone()
+        })
+        .collect()
+}
+
+/// The nodes the chat workloads run on: the replay fleet, or three equal nodes.
+pub fn chat_nodes(equal: bool) -> Vec<NodeSpec> {
+    if equal { equal_nodes() } else { nodes() }
+}
+
 /// The models of the model-mix workload: together larger than any one node's memory.
 pub fn models() -> Vec<ModelSpec> {
     let m = |name, size_gb| ModelSpec {
@@ -164,7 +183,7 @@ pub struct Plan {
 
 impl Plan {
     pub fn for_workload(spec: &WorkloadSpec) -> Plan {
-        let mut plan = Plan::of_kind(spec.kind);
+        let mut plan = Plan::of_kind(spec.kind, spec.equal_nodes);
         if let Some(slots) = spec.node_slots {
             plan.nodes.iter_mut().for_each(|n| n.slots = slots);
         }
@@ -175,7 +194,7 @@ impl Plan {
         plan
     }
 
-    fn of_kind(kind: WorkloadKind) -> Plan {
+    fn of_kind(kind: WorkloadKind, equal_nodes: bool) -> Plan {
         match kind {
             WorkloadKind::Placement => {
                 let nodes = placement_nodes();
@@ -197,7 +216,7 @@ impl Plan {
                 }
             }
             _ => {
-                let nodes = nodes();
+                let nodes = chat_nodes(equal_nodes);
                 // Every model that fits a node's memory is on its disk (an operator pulls
                 // what a machine can run), and the chat model is preloaded.
                 let disks = nodes
@@ -551,8 +570,13 @@ mod tests {
 
     #[test]
     fn models_fit_where_they_are_on_disk() {
-        for kind in [WorkloadKind::LongChat, WorkloadKind::Placement] {
-            let plan = Plan::of_kind(kind);
+        let plans = [
+            (WorkloadKind::LongChat, false),
+            (WorkloadKind::LongChat, true),
+            (WorkloadKind::Placement, false),
+        ];
+        for (kind, equal_nodes) in plans {
+            let plan = Plan::of_kind(kind, equal_nodes);
             for i in 0..plan.nodes.len() {
                 let cfg = standin_config(&plan, i, TimeScale(25.0), StandinKind::Ollama, 0);
                 assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));

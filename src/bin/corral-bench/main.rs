@@ -195,6 +195,10 @@ struct ReplayArgs {
     /// Start every node with no model loaded (the first requests decide where models load).
     #[arg(long)]
     cold_start: bool,
+    /// Run the chat workloads on three equal nodes (each the fleet's `gpu` desktop) instead
+    /// of four of different speeds: where a client-side hash is strongest.
+    #[arg(long)]
+    equal_nodes: bool,
     /// The real server every stand-in node follows: ollama-legacy (Ollama before 0.30),
     /// ollama (0.30.1 and later), llama-cpp, openai. corral is not told it.
     #[arg(long, default_value = "ollama-legacy")]
@@ -347,6 +351,7 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             node_slots: args.node_slots,
             slots_untold: args.slots_untold,
             cold_start: args.cold_start,
+            equal_nodes: args.equal_nodes,
         },
         seeds: args.seeds,
         scale: TimeScale(args.time_scale),

@@ -91,7 +91,7 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
     let report = ReplayReport {
         time_scale: opts.scale.0,
         machine: machine(),
-        fleet: fleet::nodes()
+        fleet: fleet::chat_nodes(opts.overrides.equal_nodes)
             .iter()
             .map(|n| NodeRow {
                 slots: opts.overrides.node_slots.unwrap_or(n.slots),

@@ -80,6 +80,8 @@ pub struct WorkloadSpec {
     /// Every node starts with no model loaded, as a fleet does each morning (models unload
     /// after `keep_alive`) and after a restart.
     pub cold_start: bool,
+    /// The chat workloads run on three equal nodes instead of the replay fleet's four speeds.
+    pub equal_nodes: bool,
 }
 
 /// Values given on the command line, applied to every selected workload.
@@ -96,6 +98,7 @@ pub struct Overrides {
     pub node_slots: Option<usize>,
     pub slots_untold: bool,
     pub cold_start: bool,
+    pub equal_nodes: bool,
 }
 
 impl WorkloadSpec {
@@ -118,6 +121,7 @@ impl WorkloadSpec {
             node_slots: None,
             slots_untold: false,
             cold_start: false,
+            equal_nodes: false,
         };
         match kind {
             WorkloadKind::LongChat => base,
@@ -175,6 +179,7 @@ impl WorkloadSpec {
         self.node_slots = o.node_slots.map(|n| n.max(1)).or(self.node_slots);
         self.slots_untold |= o.slots_untold;
         self.cold_start |= o.cold_start;
+        self.equal_nodes |= o.equal_nodes;
         self
     }
 }
