@@ -747,6 +747,25 @@ pub enum ApiKey {
 pub struct NamedKey {
     pub name: String,
     pub key: String,
+    /// Requests the key may have in flight or waiting at once; past it, 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests: Option<usize>,
+    /// Tokens the fleet may work on for the key per minute (prompt tokens evaluated, not
+    /// served from cache, plus completion tokens, as measured from replies); past it, 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    pub priority: Priority,
+}
+
+/// Which waiting requests a freed slot goes to first: every `interactive` one before any
+/// `batch` one; within a class, the client that has had the least service recently.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    #[default]
+    Interactive,
+    Batch,
 }
 
 /// The label of requests made without a named key.
@@ -764,6 +783,14 @@ impl ApiKey {
         match self {
             ApiKey::Plain(_) => ANONYMOUS,
             ApiKey::Named(named) => &named.name,
+        }
+    }
+
+    /// The key's limits and class: a plain key has none (its requests count per address).
+    pub fn named(&self) -> Option<&NamedKey> {
+        match self {
+            ApiKey::Plain(_) => None,
+            ApiKey::Named(named) => Some(named),
         }
     }
 }
@@ -789,6 +816,16 @@ fn validate_api_keys(keys: &[ApiKey]) -> Result<(), String> {
             }
             if !names.insert(name) {
                 return Err(format!("api_keys[{i}].name: '{name}' is used twice"));
+            }
+            if named.max_requests == Some(0) {
+                return Err(format!(
+                    "api_keys[{i}].max_requests: must be at least 1 (or omitted)"
+                ));
+            }
+            if named.tokens_per_minute == Some(0) {
+                return Err(format!(
+                    "api_keys[{i}].tokens_per_minute: must be at least 1 (or omitted)"
+                ));
             }
         }
     }

@@ -43,6 +43,12 @@ pub struct Metrics {
     pub winning_score: Histogram,
     /// Tokens per client key name (config names, or `anonymous`), model and kind.
     pub client_tokens: IntCounterVec,
+    /// Requests refused for a client's limit, per key name and limit.
+    pub client_refused: IntCounterVec,
+    /// Requests that waited in corral for a slot, per key name.
+    pub client_waited: IntCounterVec,
+    /// Time requests waited in corral for a slot, per key name.
+    pub client_wait_seconds: prometheus::CounterVec,
 }
 
 impl Metrics {
@@ -129,6 +135,21 @@ impl Metrics {
                 "corral_client_tokens_total",
                 "Tokens by client (the api_keys name, or anonymous), model and kind: prompt (all prompt tokens), cached (of those, served from cache, where the node says), completion.",
                 &["client", "model", "kind"]
+            )?,
+            client_refused: register_int_counter_vec!(
+                "corral_client_refused_total",
+                "Requests refused with 429 for a client's limit, by client (the api_keys name, or anonymous) and limit: max_requests, tokens_per_minute, per_client (queue.per_client, per address).",
+                &["client", "limit"]
+            )?,
+            client_waited: register_int_counter_vec!(
+                "corral_client_waited_total",
+                "Requests that waited in corral for a slot before they were sent, by client.",
+                &["client"]
+            )?,
+            client_wait_seconds: prometheus::register_counter_vec!(
+                "corral_client_wait_seconds_total",
+                "Time requests waited in corral for a slot, by client.",
+                &["client"]
             )?,
         })
     }

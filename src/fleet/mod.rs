@@ -8,6 +8,7 @@
 
 mod check;
 mod client;
+mod fair;
 mod health;
 pub mod kind;
 mod node;
@@ -25,7 +26,7 @@ pub use health::{Evidence, Rules, State};
 pub use node::{Books, Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
 pub use poller::Poller;
 pub use tls::roots_with;
-pub use wake::{Listener, Wakeups};
+pub use wake::{Listener, Requester, Wakeups};
 
 use crate::config::{Config, NodeConfig};
 
@@ -232,7 +233,7 @@ mod tests {
 
         // One view: a refused request cuts a off, and waiting requests hear of it.
         let rules = Rules::of(&config);
-        let listener = fleet.wakeups.listen("m");
+        let listener = fleet.wakeups.listen("m", Requester::default());
         let news = listener.news(&fleet.wakeups);
         tokio::pin!(news);
         fleet.learn(&a, Evidence::Refused, &rules);
@@ -252,7 +253,10 @@ mod tests {
         };
         let fleet = Fleet::new(&config).unwrap();
         let a = fleet.nodes()[0].clone();
-        let (m, other) = (fleet.wakeups.listen("m"), fleet.wakeups.listen("other"));
+        let (m, other) = (
+            fleet.wakeups.listen("m", Requester::default()),
+            fleet.wakeups.listen("other", Requester::default()),
+        );
         let loaded = Inventory::with_resident;
         for inventory in [loaded(&["m"]), loaded(&[])] {
             let (for_m, for_other) = (m.news(&fleet.wakeups), other.news(&fleet.wakeups));
@@ -279,7 +283,7 @@ mod tests {
         fleet.learn(&a, Evidence::Failed, &rules);
         fleet.learn(&a, Evidence::Failed, &rules);
         assert_eq!(a.health(), State::Down);
-        let listener = fleet.wakeups.listen("m");
+        let listener = fleet.wakeups.listen("m", Requester::default());
         let news = listener.news(&fleet.wakeups);
         tokio::pin!(news);
         fleet.announce(&a);

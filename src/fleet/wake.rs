@@ -1,8 +1,10 @@
 //! Waking the requests that wait in corral's queue when something changes that could change
 //! where they go.
 //!
-//! A freed slot is handed to one waiter for its model, not to all of them: the one waiting
-//! warm for that node, else the one waiting longest. A waiter that decides without taking it
+//! A freed slot is handed to one waiter for its model, not to all of them: of the clients
+//! waiting, the one first in the fair order ([`super::fair`]: `interactive` before `batch`,
+//! then the least service had recently), and of its requests the one waiting warm for that
+//! node, else the one waiting longest. A waiter that decides without taking it
 //! (its conversation is warm elsewhere, the slot went meanwhile) passes it on to the next, each
 //! waiter at most once and only while the node still has room, so a freed slot is neither
 //! lost nor fought over. Other news wakes every waiter it concerns: a load or an unload seen
@@ -16,6 +18,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::Node;
+use super::fair::{FairShare, Member, Standing};
+use crate::config::Priority;
 
 #[derive(Default)]
 pub struct Wakeups {
@@ -26,6 +30,25 @@ pub struct Wakeups {
     fleet: Notify,
     /// Arrival order of listeners: the lower, the longer it waits.
     next_id: AtomicU64,
+    /// Each client's service had, for the order between clients.
+    fair: Arc<FairShare>,
+}
+
+/// Whom a request is for in the fair order: its client (a named API key, else the client's
+/// address) and the client's class.
+#[derive(Clone, Debug)]
+pub struct Requester {
+    pub client: Arc<str>,
+    pub priority: Priority,
+}
+
+impl Default for Requester {
+    fn default() -> Self {
+        Requester {
+            client: crate::config::ANONYMOUS.into(),
+            priority: Priority::Interactive,
+        }
+    }
 }
 
 /// The requests of one model that look for a slot.
@@ -34,10 +57,12 @@ struct Queue {
     waiters: Mutex<Vec<Waiter>>,
     /// News for every waiter of the model: a load or an unload seen.
     all: Notify,
+    fair: Arc<FairShare>,
 }
 
 struct Waiter {
     id: u64,
+    requester: Requester,
     /// Deciding or waiting; not while its request runs on a node.
     looking: bool,
     /// The node it waits for, and whether its conversation is warm there.
@@ -58,6 +83,8 @@ pub struct Listener {
     queue: Arc<Queue>,
     id: u64,
     wake: Arc<Notify>,
+    /// The request's part in its client's fair share, from arrival to end.
+    member: Member,
 }
 
 /// A freed slot handed to a request. Unless [`Listener::sent`] finds the request sent to its
@@ -70,7 +97,7 @@ pub struct Handoff {
 impl Wakeups {
     /// Registers a request among the waiters for `model`; it looks for a slot from its first
     /// [`Listener::news`] on.
-    pub fn listen(&self, model: &str) -> Listener {
+    pub fn listen(&self, model: &str, requester: Requester) -> Listener {
         let queue = {
             let mut by_model = self.by_model.lock();
             match by_model.get(model).and_then(Weak::upgrade) {
@@ -81,6 +108,7 @@ impl Wakeups {
                         model: model.to_string(),
                         waiters: Mutex::new(Vec::new()),
                         all: Notify::new(),
+                        fair: self.fair.clone(),
                     });
                     by_model.insert(model.to_string(), Arc::downgrade(&queue));
                     queue
@@ -89,14 +117,21 @@ impl Wakeups {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
+        let member = self.fair.join(requester.client.clone());
         queue.waiters.lock().push(Waiter {
             id,
+            requester,
             looking: false,
             best: None,
             handed: None,
             wake: wake.clone(),
         });
-        Listener { queue, id, wake }
+        Listener {
+            queue,
+            id,
+            wake,
+            member,
+        }
     }
 
     /// A slot for `model` freed on `node` (a request ended, or a warm waiter left the slot it
@@ -147,10 +182,14 @@ impl Queue {
         }
         let node = offer.node.id;
         let mut waiters = self.waiters.lock();
-        let chosen = waiters
-            .iter_mut()
-            .filter(|w| w.looking && w.handed.is_none() && !offer.offered.contains(&w.id))
-            .min_by_key(|w| (w.best != Some((node, true)), w.id));
+        let chosen = self.fair.standings(|standing| {
+            waiters
+                .iter_mut()
+                .filter(|w| w.looking && w.handed.is_none() && !offer.offered.contains(&w.id))
+                .map(|w| (Place::of(w, standing, node), w))
+                .min_by(|(a, _), (b, _)| a.cmp(b))
+                .map(|(_, w)| w)
+        });
         if let Some(waiter) = chosen {
             offer.offered.push(waiter.id);
             waiter.wake.notify_waiters();
@@ -167,6 +206,28 @@ impl Queue {
 
     fn with_waiter<R>(&self, id: u64, f: impl FnOnce(&mut Waiter) -> R) -> Option<R> {
         self.waiters.lock().iter_mut().find(|w| w.id == id).map(f)
+    }
+}
+
+/// A waiter's place in the order a slot freed on a node is handed in: the fair order of its
+/// client, then warm on that node before cold, then the longest waiting (fields compared in
+/// this order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Place {
+    priority: Priority,
+    standing: Standing,
+    cold: bool,
+    id: u64,
+}
+
+impl Place {
+    fn of(w: &Waiter, standing: impl Fn(&str) -> Standing, node: u16) -> Place {
+        Place {
+            priority: w.requester.priority,
+            standing: standing(&w.requester.client),
+            cold: w.best != Some((node, true)),
+            id: w.id,
+        }
     }
 }
 
@@ -216,9 +277,28 @@ impl Listener {
         handed > 0 && handed >= node.free_slots(&self.queue.model)
     }
 
-    /// The request was sent to `node`: it stops looking until it looks again. A slot handed
-    /// to it on another node goes on to the next waiter.
+    /// Whether a request waits warm for `node` whose client comes before or with this
+    /// request's in the fair order: a cold request leaves such a request the slot it waits
+    /// for, and takes one a client further back waits for.
+    pub fn warm_waiter_first(&self, node: u16) -> bool {
+        let waiters = self.queue.waiters.lock();
+        let Some(me) = waiters.iter().find(|w| w.id == self.id) else {
+            return false;
+        };
+        self.queue.fair.standings(|standing| {
+            let mine = (me.requester.priority, standing(&me.requester.client));
+            waiters
+                .iter()
+                .filter(|w| w.id != self.id && w.looking && w.best == Some((node, true)))
+                .any(|w| (w.requester.priority, standing(&w.requester.client)) <= mine)
+        })
+    }
+
+    /// The request was sent to `node`: it stops looking until it looks again, and its client
+    /// is charged for a slot until [`Listener::ended`]. A slot handed to it on another node
+    /// goes on to the next waiter.
     pub fn sent(&self, node: u16, handoff: Option<Handoff>) {
+        self.member.start();
         if let Some(mut handoff) = handoff
             && handoff.offer.as_ref().is_some_and(|o| o.node.id == node)
         {
@@ -232,8 +312,15 @@ impl Listener {
         self.queue.pass_on(late.flatten());
     }
 
+    /// The request's attempt on the node it was sent to ended: its client is charged the
+    /// time it held the slot.
+    pub fn ended(&self) {
+        self.member.settle();
+    }
+
     /// The request waits for `node`, `warm` if its conversation is warm there: the waiter a
-    /// slot freed there goes to first. A slot handed to it goes on to the next waiter.
+    /// slot freed there goes to first among its client's. A slot handed to it goes on to the
+    /// next waiter.
     pub fn waits(&self, node: u16, warm: bool, handoff: Option<Handoff>) {
         self.queue
             .with_waiter(self.id, |w| w.best = Some((node, warm)));
@@ -269,10 +356,14 @@ mod tests {
         Arc::new(Node::new(id, config).unwrap())
     }
 
+    fn listen(w: &Wakeups, model: &str) -> Listener {
+        w.listen(model, Requester::default())
+    }
+
     /// `N` requests for `m`, oldest first, each looking for a slot.
     fn looking<const N: usize>(w: &Wakeups) -> [Listener; N] {
         std::array::from_fn(|_| {
-            let l = w.listen("m");
+            let l = listen(w, "m");
             drop(l.news(w));
             l
         })
@@ -286,8 +377,8 @@ mod tests {
     #[test]
     fn load_news_for_one_model_wakes_only_its_waiters_and_fleet_news_wakes_all() {
         let w = Wakeups::default();
-        let a = w.listen("a");
-        let b = w.listen("b");
+        let a = listen(&w, "a");
+        let b = listen(&w, "b");
         let wait_a = a.news(&w);
         let wait_b = b.news(&w);
         tokio::pin!(wait_a, wait_b);
@@ -305,8 +396,8 @@ mod tests {
     #[test]
     fn a_model_without_waiters_leaves_no_entry() {
         let w = Wakeups::default();
-        drop(w.listen("invented"));
-        let _kept = w.listen("real");
+        drop(listen(&w, "invented"));
+        let _kept = listen(&w, "real");
         assert_eq!(w.models(), 1);
         w.model_changed("invented");
         w.slot_freed("invented", &node(0));
@@ -316,7 +407,7 @@ mod tests {
     fn a_freed_slot_wakes_one_waiter_the_oldest() {
         let w = Wakeups::default();
         let n = node(0);
-        let (old, young) = (w.listen("m"), w.listen("m"));
+        let (old, young) = (listen(&w, "m"), listen(&w, "m"));
         let (for_old, for_young) = (old.news(&w), young.news(&w));
         tokio::pin!(for_old, for_young);
         old.waits(1, false, None);
@@ -331,7 +422,7 @@ mod tests {
     fn a_freed_slot_goes_first_to_a_waiter_warm_on_its_node() {
         let w = Wakeups::default();
         let n = node(3);
-        let (old, warm_elsewhere, warm) = (w.listen("m"), w.listen("m"), w.listen("m"));
+        let (old, warm_elsewhere, warm) = (listen(&w, "m"), listen(&w, "m"), listen(&w, "m"));
         let news = [old.news(&w), warm_elsewhere.news(&w), warm.news(&w)];
         old.waits(3, false, None);
         warm_elsewhere.waits(1, true, None);
@@ -348,7 +439,7 @@ mod tests {
     fn a_declined_slot_goes_on_to_each_waiter_once() {
         let w = Wakeups::default();
         let n = node(0);
-        let (a, b) = (w.listen("m"), w.listen("m"));
+        let (a, b) = (listen(&w, "m"), listen(&w, "m"));
         let (_for_a, for_b) = (a.news(&w), b.news(&w));
         tokio::pin!(for_b);
         w.slot_freed("m", &n);
@@ -403,5 +494,76 @@ mod tests {
         n.books(|books| books.models.entry_ref("m").or_default().in_flight = 1);
         a.waits(0, false, a.take_handoff());
         assert!(b.take_handoff().is_none(), "no room: nothing to hand on");
+    }
+
+    fn of(w: &Wakeups, client: &str, priority: Priority) -> Listener {
+        let requester = Requester {
+            client: client.into(),
+            priority,
+        };
+        let l = w.listen("m", requester);
+        drop(l.news(w));
+        l
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_the_client_that_has_had_less() {
+        let w = Wakeups::default();
+        let n = node(0);
+        // The agent has a request running; both wait, the agent's longer.
+        let running = of(&w, "agent", Priority::Interactive);
+        running.sent(1, None);
+        let agent = of(&w, "agent", Priority::Interactive);
+        let person = of(&w, "person", Priority::Interactive);
+        w.slot_freed("m", &n);
+        let _held = person.take_handoff().expect("the person's");
+        assert!(agent.take_handoff().is_none());
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_interactive_clients_before_batch() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let batch = of(&w, "jobs", Priority::Batch);
+        let interactive = of(&w, "chat", Priority::Interactive);
+        // The interactive client has had more: its class still goes first.
+        let running = of(&w, "chat", Priority::Interactive);
+        running.sent(1, None);
+        w.slot_freed("m", &n);
+        let _held = interactive
+            .take_handoff()
+            .expect("the interactive client's");
+        assert!(batch.take_handoff().is_none());
+    }
+
+    #[test]
+    fn warm_goes_first_within_a_client_not_across_clients() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let running = [0, 1].map(|_| of(&w, "agent", Priority::Interactive));
+        running.iter().for_each(|r| r.sent(1, None));
+        let agent_warm = of(&w, "agent", Priority::Interactive);
+        agent_warm.waits(0, true, None);
+        let person_cold = of(&w, "person", Priority::Interactive);
+        let person_warm = of(&w, "person", Priority::Interactive);
+        person_warm.waits(0, true, None);
+        w.slot_freed("m", &n);
+        let held = person_warm.take_handoff().expect("the person's, and warm");
+        assert!(agent_warm.take_handoff().is_none() && person_cold.take_handoff().is_none());
+        person_warm.sent(0, Some(held));
+        // A cold request leaves a slot to a warm one of its own client, not of one that has
+        // had more.
+        let person_warm2 = of(&w, "person", Priority::Interactive);
+        person_warm2.waits(0, true, None);
+        assert!(
+            person_cold.warm_waiter_first(0),
+            "its own client's warm turn"
+        );
+        drop(person_warm2);
+        assert!(
+            !person_cold.warm_waiter_first(0),
+            "only the agent's is left"
+        );
+        assert!(!agent_warm.warm_waiter_first(0), "not itself");
     }
 }

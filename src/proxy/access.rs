@@ -3,7 +3,7 @@
 use pingora_http::RequestHeader;
 use subtle::ConstantTimeEq;
 
-use crate::config::{ANONYMOUS, ApiKey, Config};
+use crate::config::{ApiKey, Config};
 
 /// The token of an `Authorization: Bearer <token>` header, as OpenAI clients (and Ollama
 /// clients behind an authenticating proxy) send it.
@@ -48,17 +48,6 @@ pub fn client_key<'c>(config: &'c Config, req: &RequestHeader) -> Option<&'c Api
         })
 }
 
-/// The name usage is counted under: the matching named key's, else `anonymous`.
-pub fn client_name(config: &Config, req: &RequestHeader) -> String {
-    if config.api_keys.is_empty() {
-        // No key to find: spare every request the header lookups.
-        return ANONYMOUS.to_string();
-    }
-    client_key(config, req)
-        .map_or(ANONYMOUS, ApiKey::name)
-        .to_string()
-}
-
 /// Whether a management call carries the admin token in `X-Fleet-Admin-Token`.
 pub fn admin_allowed(config: &Config, req: &RequestHeader) -> bool {
     let Some(token) = &config.admin_token else {
@@ -73,6 +62,10 @@ pub fn admin_allowed(config: &Config, req: &RequestHeader) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn client_name(config: &Config, req: &RequestHeader) -> String {
+        super::super::clients::identify(config, req, None).name
+    }
 
     fn req(headers: &[(&str, &str)]) -> RequestHeader {
         let mut r = RequestHeader::build("POST", b"/api/chat", None).unwrap();

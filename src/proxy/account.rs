@@ -67,6 +67,12 @@ impl Account {
         }
         let wait = self.metrics.queue_wait.with_label_values(labels);
         wait.observe(waited.as_secs_f64());
+        if !waited.is_zero() {
+            let client = [ctx.client.label()];
+            self.metrics.client_waited.with_label_values(&client).inc();
+            let seconds = self.metrics.client_wait_seconds.with_label_values(&client);
+            seconds.inc_by(waited.as_secs_f64());
+        }
         let affinity = decision.affinity_for(candidate.node.id).as_str();
         let score = candidate.scores.total();
         self.metrics.affinity.with_label_values(&[affinity]).inc();
@@ -106,8 +112,9 @@ impl Account {
             ctx.cache = Some(o.observed.as_str());
         }
         if let Some(usage) = usage {
-            self.usage(&ctx.client, reply.labels[1], usage);
+            self.usage(ctx.client.label(), reply.labels[1], usage);
         }
+        ctx.usage = usage;
         dispatch.finish(Outcome {
             ok,
             ttfb: ctx.ttfb,

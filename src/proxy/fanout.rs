@@ -127,6 +127,8 @@ struct Plan<'a> {
     batch: &'a Batch,
     ranges: Vec<Range<usize>>,
     client: RequestHeader,
+    /// The client, for its place among the clients waiting for a slot.
+    requester: crate::fleet::Requester,
     shared: Mutex<Shared>,
     changed: Notify,
 }
@@ -163,6 +165,7 @@ pub async fn serve(
         batch: &batch,
         ranges,
         client: session.req_header().clone(),
+        requester: ctx.client.requester.clone(),
         shared: Mutex::new(shared),
         changed: Notify::new(),
     };
@@ -202,7 +205,8 @@ pub async fn serve(
             return super::respond::refuse(session, ctx, 502, &message, &retries).await;
         }
     };
-    forwarder.book_usage(&ctx.client, &label, usage);
+    forwarder.book_usage(ctx.client.label(), &label, usage);
+    ctx.usage = Some(usage);
     ctx.status = 200;
     ctx.bytes_out = body.len();
     let headers = [
@@ -300,7 +304,9 @@ async fn send_chunk(
     strip_auth: bool,
 ) -> ChunkOutcome {
     let deadline = tokio::time::Instant::now() + plan.config.queue.max_wait;
-    let listener = plan.router.listen(&plan.profile.model_key);
+    let listener = plan
+        .router
+        .listen(&plan.profile.model_key, plan.requester.clone());
     let mut dispatch = loop {
         // Listen before looking, so that a slot freed meanwhile is not missed.
         let news = listener.news(&plan.router.fleet.wakeups);

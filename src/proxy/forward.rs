@@ -116,7 +116,7 @@ impl Forwarder {
         let mut waiting: Option<WaitTicket> = None;
         // When the request began waiting in corral for the attempt it makes next.
         let mut waiting_since: Option<Instant> = None;
-        let listener = router.listen(&profile.model_key);
+        let listener = router.listen(&profile.model_key, ctx.client.requester.clone());
         loop {
             // Listen before looking, so that news meanwhile is not missed.
             let news = listener.news(&router.fleet.wakeups);
@@ -227,7 +227,9 @@ impl Forwarder {
                 retries,
                 waited: waiting_since.take().map_or(Duration::ZERO, |t| t.elapsed()),
             };
-            match self.attempt(session, ctx, body, attempt, dispatch).await {
+            let result = self.attempt(session, ctx, body, attempt, dispatch).await;
+            listener.ended();
+            match result {
                 Ok(result) => return result,
                 Err(error) => {
                     retries += 1;
@@ -486,7 +488,10 @@ fn pick<'d>(
         return Pick::Wait(best);
     }
     let warm = decision.warm_on(best.node.id);
-    let yields = yields_to_warm(warm, waited, config.queue.max_wait);
+    // Within the fair order between clients: a cold request leaves a slot to a warm one of a
+    // client before it (or its own), not to one of a client that has had more.
+    let yields = yields_to_warm(warm, waited, config.queue.max_wait)
+        && listener.warm_waiter_first(best.node.id);
     // Rather than wait for the best node, probe whether it runs more requests at once.
     match router
         .try_send(best, profile, yields)

@@ -9,6 +9,7 @@ mod access_log;
 mod account;
 mod batch;
 mod body;
+mod clients;
 mod fanout;
 mod forward;
 mod head;
@@ -19,14 +20,12 @@ pub mod reply;
 mod respond;
 mod usage;
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use parking_lot::Mutex;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::{ProxyHttp, Session};
@@ -44,8 +43,8 @@ pub use reply::ReplyStats;
 /// The corral proxy service.
 pub struct Corral {
     router: Arc<Router>,
-    /// Requests in flight or waiting per client address, for `queue.per_client`.
-    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    /// Requests in flight or waiting per client, for its limits.
+    clients: Arc<clients::ClientBook>,
     forwarder: forward::Forwarder,
     metrics: Arc<Metrics>,
     access_log: Arc<AccessLog>,
@@ -73,8 +72,11 @@ pub struct RequestCtx {
     pub client_gone: bool,
     /// The node broke off its reply after it had begun.
     pub broken: bool,
-    /// The client's `api_keys` name, or `anonymous`: usage is counted under it.
-    pub client: String,
+    /// Who sent the request: usage is counted under its name, and its requests wait their
+    /// turn among other clients'.
+    pub client: clients::Client,
+    /// The reply's tokens, as it reports them.
+    pub usage: Option<usage::TokenUsage>,
     /// The reply's prompt tokens, all and served from cache, as measured from it.
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
@@ -106,7 +108,7 @@ impl Corral {
             let message = "a valid API key is required: Authorization: Bearer <key>";
             return respond::refuse(session, ctx, 401, message, &challenge).await;
         }
-        ctx.client = access::client_name(&config, session.req_header());
+        ctx.client = clients::identify(&config, session.req_header(), client_ip(session));
         let fleet = &self.router.fleet;
         let (status, result) = match route {
             Route::Model(endpoint) => {
@@ -215,35 +217,6 @@ impl Corral {
             .await
     }
 
-    /// Counts the request against its client's limit while it runs. `Err` with the limit
-    /// when the client is at it.
-    fn client_slot(
-        &self,
-        session: &Session,
-        config: &Config,
-    ) -> std::result::Result<Option<ClientSlot>, usize> {
-        let Some(limit) = config.queue.per_client else {
-            return Ok(None);
-        };
-        let Some(ip) = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip())
-        else {
-            return Ok(None);
-        };
-        let mut clients = self.clients.lock();
-        let count = clients.entry(ip).or_default();
-        if *count >= limit {
-            return Err(limit);
-        }
-        *count += 1;
-        Ok(Some(ClientSlot {
-            clients: self.clients.clone(),
-            ip,
-        }))
-    }
-
     async fn route_model(
         &self,
         session: &mut Session,
@@ -252,21 +225,19 @@ impl Corral {
         config: &Config,
     ) -> Result<()> {
         // Before the body is read: a client at its limit costs no more than this answer.
-        let _client_slot = match self.client_slot(session, config) {
-            Ok(slot) => slot,
-            Err(limit) => {
+        let per_address = config.queue.per_client;
+        let _admitted = match self
+            .clients
+            .admit(&ctx.client, client_ip(session), per_address)
+        {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
                 // The body is left unread: the connection cannot be reused.
                 session.set_keepalive(None);
-                let message =
-                    format!("this client already has {limit} requests in flight or waiting");
-                return respond::refuse(
-                    session,
-                    ctx,
-                    429,
-                    &message,
-                    &[("Retry-After", "1".into())],
-                )
-                .await;
+                let labels = [ctx.client.label(), refusal.reason()];
+                self.metrics.client_refused.with_label_values(&labels).inc();
+                let retry_after = [("Retry-After", refusal.retry_after().to_string())];
+                return respond::refuse(session, ctx, 429, &refusal.message(), &retry_after).await;
             }
         };
         let limit = config.limits.max_body_bytes;
@@ -291,17 +262,36 @@ impl Corral {
                 .map(|key| session_hash(&profile.model_key, key));
         }
         ctx.model = Some(profile.model_key.clone());
-        if matches!(endpoint, Endpoint::Embed | Endpoint::OpenAiEmbeddings)
+        let result = if matches!(endpoint, Endpoint::Embed | Endpoint::OpenAiEmbeddings)
             && let Some(batch) = fanout::Batch::split(&body, config.embed_fanout.chunk_size)
             && let Ok(decision) = self.router.decide_with(&profile, config)
             && let Some(spread) = fanout::spread(&decision, config.embed_fanout.max_nodes)
         {
             drop(decision);
-            return fanout::serve(self, session, ctx, &profile, batch, spread, config).await;
-        }
-        self.forwarder
-            .forward(&self.router, session, ctx, &body, &profile, config)
-            .await
+            fanout::serve(self, session, ctx, &profile, batch, spread, config).await
+        } else {
+            self.forwarder
+                .forward(&self.router, session, ctx, &body, &profile, config)
+                .await
+        };
+        self.clients.spend(&ctx.client, ctx.tokens_worked());
+        result
+    }
+}
+
+impl RequestCtx {
+    /// Tokens the fleet worked on for the request: prompt tokens evaluated (not served from
+    /// cache) and completion tokens, as its reply measured them.
+    fn tokens_worked(&self) -> u64 {
+        let Some(usage) = self.usage else {
+            return 0;
+        };
+        let evaluated = match self.prompt_tokens {
+            // Measured for the node's kind (Ollama's counts differ between versions).
+            Some(total) => total.saturating_sub(self.cached_tokens.unwrap_or(0)),
+            None => usage.prompt.saturating_sub(usage.cached.unwrap_or(0)),
+        };
+        evaluated + usage.completion
     }
 }
 
@@ -342,23 +332,6 @@ fn transcription_profile(session: &Session, body: &[u8]) -> std::result::Result<
 }
 
 /// One request counted against its client; given back on drop.
-struct ClientSlot {
-    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    ip: IpAddr,
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut clients = self.clients.lock();
-        if let Some(count) = clients.get_mut(&self.ip) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                clients.remove(&self.ip);
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl ProxyHttp for Corral {
     type CTX = RequestCtx;
@@ -429,7 +402,7 @@ impl ProxyHttp for Corral {
                 method: req.method.as_str(),
                 endpoint: req.uri.path(),
                 model: ctx.model.as_deref(),
-                key_name: (!ctx.client.is_empty()).then_some(ctx.client.as_str()),
+                key_name: (!ctx.client.name.is_empty()).then_some(ctx.client.name.as_str()),
                 node,
                 score: ctx.score,
                 affinity: ctx.affinity,
@@ -445,4 +418,9 @@ impl ProxyHttp for Corral {
             });
         }
     }
+}
+
+/// The client's IP address, when it connected over TCP.
+fn client_ip(session: &Session) -> Option<IpAddr> {
+    session.client_addr()?.as_inet().map(|a| a.ip())
 }

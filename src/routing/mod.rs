@@ -27,7 +27,7 @@ pub use score::Scores;
 pub use stay::yields_to_warm;
 
 use crate::config::Config;
-use crate::fleet::{Fleet, Listener, Node};
+use crate::fleet::{Fleet, Listener, Node, Requester};
 use crate::request::Profile;
 use slots::{SlotPolicy, choose_slot, is_warm};
 use view::{ModelSizes, NodeView};
@@ -256,8 +256,8 @@ impl Router {
     /// What a request for `model` waiting in the queue listens to: a slot freed or a load
     /// or unload for that model, a node admitted or cut off, a reload. See
     /// [`Listener::news`].
-    pub fn listen(&self, model: &str) -> Listener {
-        self.fleet.wakeups.listen(model)
+    pub fn listen(&self, model: &str, requester: Requester) -> Listener {
+        self.fleet.wakeups.listen(model, requester)
     }
 
     fn ttl(&self) -> Duration {
@@ -1052,7 +1052,10 @@ mod tests {
         use futures::FutureExt;
         let r = router(1, 2);
         let node = r.fleet.nodes()[0].clone();
-        let (same, other) = (r.listen(MODEL), r.listen("other:1b"));
+        let (same, other) = (
+            r.listen(MODEL, Requester::default()),
+            r.listen("other:1b", Requester::default()),
+        );
         let same = same.news(&r.fleet.wakeups);
         let other = other.news(&r.fleet.wakeups);
         tokio::pin!(same, other);
@@ -1213,7 +1216,7 @@ mod tests {
         use futures::FutureExt;
         let r = router(1, 1);
         let node = r.fleet.nodes()[0].clone();
-        let listener = r.listen(MODEL);
+        let listener = r.listen(MODEL, Requester::default());
         let news = listener.news(&r.fleet.wakeups);
         tokio::pin!(news);
         r.wait_ticket(&node, MODEL, false, 10).unwrap().leave();

@@ -376,20 +376,18 @@ pub struct CorralCounts {
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 impl CorralProcess {
-    /// Starts `binary` with a generated configuration and waits until it has polled every
-    /// node at least once.
+    /// Starts `binary` with a generated configuration, with `extra_yaml` (top-level keys)
+    /// added, and waits until it has polled every node at least once.
     pub async fn start(
         binary: &Path,
         fleet: &Fleet,
         scale: TimeScale,
-        move_cost: f64,
+        extra_yaml: &str,
     ) -> Result<Self, String> {
         let port = free_port()?;
         let metrics_port = free_port()?;
         let mut yaml = corral_yaml(port, metrics_port, fleet, scale);
-        if move_cost > 0.0 {
-            yaml.push_str(&format!("weights:\n  move_cost: {move_cost}\n"));
-        }
+        yaml.push_str(extra_yaml);
         // For diagnosing a run: corral's access log, one file per corral started.
         if let Some(dir) = std::env::var_os("CORRAL_BENCH_ACCESS_LOGS") {
             let path = Path::new(&dir).join(format!("access-{port}.jsonl"));

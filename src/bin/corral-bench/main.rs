@@ -1,5 +1,7 @@
 //! `corral-bench`: the measurements behind docs/benchmarks.md.
 //!
+//! - `fairness` measures a person's chat beside a key running 40 agent conversations, with
+//!   each under its own key and both under one.
 //! - `handoff` measures how long a node's slot stays free while requests wait for it, through
 //!   corral's queue and the nodes' own.
 //! - `replay` runs multi-turn workloads against a simulated fleet through corral and four
@@ -12,6 +14,7 @@ mod backend;
 mod bare;
 mod client;
 mod embed;
+mod fairness;
 mod fleet;
 mod handoff;
 mod overhead;
@@ -123,6 +126,18 @@ enum Command {
         #[arg(long, default_value_t = 40)]
         requests: usize,
         #[arg(long, default_value_t = 40.0)]
+        time_scale: f64,
+        /// The corral binary (default: the one next to corral-bench).
+        #[arg(long)]
+        corral: Option<PathBuf>,
+    },
+    /// A person's chat beside a key that runs 40 agent conversations at once.
+    Fairness {
+        /// Runs of the four cases (person alone, agent alone, both under own keys, both
+        /// under one key).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long, default_value_t = 20.0)]
         time_scale: f64,
         /// The corral binary (default: the one next to corral-bench).
         #[arg(long)]
@@ -283,6 +298,25 @@ fn run(command: Command) -> Result<(), String> {
                 },
             };
             print!("{}", runtime()?.block_on(embed::run(opts))?);
+            Ok(())
+        }
+        Command::Fairness {
+            runs,
+            time_scale,
+            corral,
+        } => {
+            if runs == 0 || time_scale <= 0.0 {
+                return Err("--runs and --time-scale must be above 0".into());
+            }
+            let opts = fairness::Options {
+                runs,
+                scale: TimeScale(time_scale),
+                corral: match corral {
+                    Some(path) => path,
+                    None => fleet::sibling_corral()?,
+                },
+            };
+            print!("{}", runtime()?.block_on(fairness::run(opts))?);
             Ok(())
         }
         Command::Handoff {

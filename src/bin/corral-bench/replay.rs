@@ -100,7 +100,11 @@ pub async fn run(
     let fleet = Fleet::start(&plan, env.scale, env.node_kind, env.cache_ram_tokens).await?;
     let corral = match (policy.through_corral(), &env.corral_bin) {
         (true, Some(bin)) => {
-            Some(CorralProcess::start(bin, &fleet, env.scale, env.move_cost).await?)
+            let weights = match env.move_cost > 0.0 {
+                true => format!("weights:\n  move_cost: {}\n", env.move_cost),
+                false => String::new(),
+            };
+            Some(CorralProcess::start(bin, &fleet, env.scale, &weights).await?)
         }
         (true, None) => return Err("no corral binary to run".into()),
         (false, _) => None,

@@ -1,0 +1,328 @@
+//! Fair shares of the fleet's slots between clients: which waiting client a freed slot goes
+//! to.
+//!
+//! Start-time fair queueing over slot time: each client has a virtual time, the service it
+//! has been given in seconds of a slot. A request that starts charges its client an estimate
+//! (the client's recent mean, else the fleet's) and its end settles the charge to the time it
+//! really held the slot, so that a burst of one client's requests moves its virtual time at
+//! once rather than when they end. A client that becomes active again starts no lower than
+//! the least virtual time among the clients active now: time idle is not saved up to spend
+//! later in a burst. A freed slot goes to the waiting client with the least virtual time, and
+//! the `interactive` class before `batch`.
+//!
+//! Slot time, not tokens, is what clients share: a slot held by one conversation is held
+//! whether it evaluates a prompt or decodes, and a decoded token costs a slot tens of times
+//! a prompt token's time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+
+/// Clients remembered while idle, at most; past it the idle ones are forgotten (they come
+/// back at the least virtual time of the active ones, as a new client does).
+const REMEMBERED: usize = 65_536;
+
+/// Weight of the newest request in a client's mean slot time.
+const MEAN_WEIGHT: f64 = 0.2;
+
+#[derive(Default)]
+pub struct FairShare {
+    book: Mutex<Book>,
+}
+
+#[derive(Default)]
+struct Book {
+    clients: HashMap<Arc<str>, Account>,
+    /// The least virtual time among active clients when one was last active: where a client
+    /// starts when it becomes active again while no other is.
+    floor: f64,
+    /// The fleet's mean slot time per request, for a client with none measured yet.
+    typical: Option<f64>,
+}
+
+#[derive(Default)]
+struct Account {
+    /// Service given, in slot seconds, on the shared virtual clock.
+    used: f64,
+    /// Requests looking for a slot or running.
+    active: u32,
+    /// Requests running now.
+    running: u32,
+    /// Mean slot seconds per request.
+    mean: Option<f64>,
+}
+
+/// Where a client stands in the fair order: lower goes first.
+#[derive(Clone, Copy, Debug)]
+pub struct Standing {
+    /// Virtual time: service given so far.
+    pub used: f64,
+    /// Requests running now: among equal virtual times, the client with fewer goes first.
+    pub running: u32,
+}
+
+impl Ord for Standing {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.used.total_cmp(&other.used)).then(self.running.cmp(&other.running))
+    }
+}
+
+impl PartialOrd for Standing {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Standing {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Standing {}
+
+/// A request's membership in its client's account, from arrival to end. Dropping it ends
+/// the request's part; [`Member::start`] charges a slot's use.
+pub struct Member {
+    share: Arc<FairShare>,
+    client: Arc<str>,
+    /// The estimate charged when the request started, and when, until settled. Locked:
+    /// a waiting request lends its listener out while it waits for news.
+    charged: Mutex<Option<(f64, Instant)>>,
+}
+
+impl FairShare {
+    /// A request of `client` arrives: the client is active until every such member drops.
+    pub fn join(self: &Arc<Self>, client: Arc<str>) -> Member {
+        let mut book = self.book.lock();
+        let floor = book.active_floor().unwrap_or(book.floor);
+        if book.clients.len() >= REMEMBERED {
+            book.clients.retain(|_, a| a.active > 0);
+        }
+        let account = book.clients.entry_ref(&client).or_default();
+        if account.active == 0 {
+            account.used = account.used.max(floor);
+        }
+        account.active += 1;
+        drop(book);
+        Member {
+            share: self.clone(),
+            client,
+            charged: Mutex::new(None),
+        }
+    }
+
+    /// Where `client` stands now; a client not active stands where it would start.
+    #[cfg(test)]
+    pub fn standing(&self, client: &str) -> Standing {
+        self.book.lock().standing(client)
+    }
+
+    /// Runs `f` with where each client stands, all read at one instant.
+    pub fn standings<R>(&self, f: impl FnOnce(&dyn Fn(&str) -> Standing) -> R) -> R {
+        let book = self.book.lock();
+        f(&|client| book.standing(client))
+    }
+}
+
+impl Book {
+    fn standing(&self, client: &str) -> Standing {
+        match self.clients.get(client) {
+            Some(a) if a.active > 0 => Standing {
+                used: a.used,
+                running: a.running,
+            },
+            other => Standing {
+                used: (self.active_floor().unwrap_or(self.floor))
+                    .max(other.map_or(0.0, |a| a.used)),
+                running: 0,
+            },
+        }
+    }
+
+    fn active_floor(&self) -> Option<f64> {
+        self.clients
+            .values()
+            .filter(|a| a.active > 0)
+            .map(|a| a.used)
+            .min_by(f64::total_cmp)
+    }
+}
+
+impl Member {
+    /// The request was sent to a node: its client is charged the estimate of one request's
+    /// slot time until [`Member::settle`] (or the drop) charges what it took.
+    pub fn start(&self) {
+        let mut book = self.share.book.lock();
+        let typical = book.typical.unwrap_or(0.0);
+        if let Some(account) = book.clients.get_mut(&*self.client) {
+            let estimate = account.mean.unwrap_or(typical);
+            account.used += estimate;
+            account.running += 1;
+            *self.charged.lock() = Some((estimate, Instant::now()));
+        }
+    }
+
+    /// The request's attempt on a node ended: the charge becomes the time it held the slot.
+    pub fn settle(&self) {
+        let since = self.charged.lock().map(|(_, since)| since);
+        if let Some(since) = since {
+            self.settle_held(since.elapsed());
+        }
+    }
+
+    fn settle_held(&self, held: Duration) {
+        let Some((estimate, _)) = self.charged.lock().take() else {
+            return;
+        };
+        let held = held.as_secs_f64();
+        let mut book = self.share.book.lock();
+        let typical = book.typical.map_or(held, |t| mean(t, held));
+        book.typical = Some(typical);
+        if let Some(account) = book.clients.get_mut(&*self.client) {
+            account.used += held - estimate;
+            account.running = account.running.saturating_sub(1);
+            account.mean = Some(account.mean.map_or(held, |m| mean(m, held)));
+        }
+    }
+}
+
+fn mean(old: f64, new: f64) -> f64 {
+    old + MEAN_WEIGHT * (new - old)
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.settle();
+        let mut book = self.share.book.lock();
+        let floor = book.active_floor();
+        if let Some(account) = book.clients.get_mut(&*self.client) {
+            account.active = account.active.saturating_sub(1);
+        }
+        if let Some(floor) = floor {
+            book.floor = floor;
+        }
+        // Forget an idle client that is owed nothing and owes nothing: it would come back at
+        // the floor anyway.
+        let floor = book.active_floor().unwrap_or(book.floor);
+        if let Some(account) = book.clients.get(&*self.client)
+            && account.active == 0
+            && account.used <= floor
+        {
+            book.clients.remove(&*self.client);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share() -> Arc<FairShare> {
+        Arc::new(FairShare::default())
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn a_client_that_used_less_stands_first() {
+        let s = share();
+        let agent = s.join("agent".into());
+        let person = s.join("person".into());
+        agent.start();
+        agent.settle_held(secs(3.0));
+        assert!(s.standing("person") < s.standing("agent"));
+        drop(person);
+    }
+
+    #[test]
+    fn a_started_request_is_charged_at_once_and_settled_to_what_it_took() {
+        let s = share();
+        let first = s.join("a".into());
+        first.start();
+        first.settle_held(secs(2.0));
+        // The next one is charged the client's mean (2 s) while it runs...
+        let second = s.join("a".into());
+        second.start();
+        assert_eq!(s.standing("a").used, 4.0);
+        assert_eq!(s.standing("a").running, 1);
+        // ...and settled to the 1 s it took.
+        second.settle_held(secs(1.0));
+        assert_eq!(s.standing("a").used, 3.0);
+        assert_eq!(s.standing("a").running, 0);
+        drop(first);
+    }
+
+    #[test]
+    fn a_new_client_is_charged_the_fleets_typical_request() {
+        let s = share();
+        let a = s.join("a".into());
+        a.start();
+        a.settle_held(secs(2.0));
+        let b = s.join("b".into());
+        b.start();
+        assert_eq!(
+            s.standing("b").used,
+            2.0 + 2.0,
+            "joined at the floor, charged 2 s"
+        );
+        drop(a);
+    }
+
+    #[test]
+    fn among_equal_virtual_times_the_client_running_fewer_goes_first() {
+        let s = share();
+        let (agent, person) = (s.join("agent".into()), s.join("person".into()));
+        // Nothing measured: no estimate to charge, but the running request counts.
+        agent.start();
+        assert!(s.standing("person") < s.standing("agent"));
+        drop(person);
+    }
+
+    #[test]
+    fn time_idle_is_not_saved_up_for_a_burst() {
+        let s = share();
+        let agent = s.join("agent".into());
+        {
+            let person = s.join("person".into());
+            person.start();
+            person.settle_held(secs(1.0));
+        }
+        // The agent alone uses 100 s of slots while the person is away.
+        for _ in 0..50 {
+            let m = s.join("agent".into());
+            m.start();
+            m.settle_held(secs(2.0));
+        }
+        let agent_used = s.standing("agent").used;
+        // The person comes back no lower than the agent: it gets its share from now on,
+        // not 100 s of slots in a row.
+        let _person = s.join("person".into());
+        assert_eq!(s.standing("person").used, agent_used);
+        drop(agent);
+    }
+
+    #[test]
+    fn an_idle_client_owed_nothing_is_forgotten() {
+        let s = share();
+        let keep = s.join("busy".into());
+        drop(s.join("visitor".into()));
+        assert!(!s.book.lock().clients.contains_key("visitor"));
+        drop(keep);
+    }
+
+    #[test]
+    fn a_request_dropped_while_running_gives_its_slot_back() {
+        let s = share();
+        let keep = s.join("a".into());
+        let m = s.join("a".into());
+        m.start();
+        drop(m);
+        assert_eq!(s.standing("a").running, 0);
+        drop(keep);
+    }
+}
