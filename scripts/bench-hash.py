@@ -10,7 +10,7 @@ build against the hash: every time at most 1.1x the hash's, warm share at least 
 Usage: scripts/bench-hash.py [--bench PATH] [--corral NAME=PATH ...] [--seeds 5]
                              [--kinds ollama,ollama-legacy,llama-cpp,openai] [--loads 1,2]
                              [--workload long-chat] [--cold-start] [--slots-untold] [--time-scale 10]
-                             [--equal-nodes] [--cache-ram-tokens N]
+                             [--equal-nodes] [--cache-ram-tokens N] [--move-cost X]
 
 --corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
 builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
@@ -52,6 +52,7 @@ def replay(args, kind, live, seed, policy, corral=None):
         cmd += ["--cold-start"] if args.cold_start else []
         cmd += ["--equal-nodes"] if args.equal_nodes else []
         cmd += ["--cache-ram-tokens", str(args.cache_ram_tokens or CACHE_RAM_TOKENS)]
+        cmd += ["--move-cost", str(args.move_cost)] if args.move_cost else []
         cmd += ["--corral", corral] if corral else []
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(f"{out}/replay.json") as f:
@@ -80,6 +81,8 @@ def main():
     ap.add_argument("--cold-start", action="store_true", help="every node starts with no model loaded")
     ap.add_argument("--slots-untold", action="store_true", help="leave num_parallel out of corral's config")
     ap.add_argument("--time-scale", type=float, default=10.0)
+    ap.add_argument("--move-cost", type=float, default=0.0,
+                    help="corral's weights.move_cost (0, its default: off)")
     ap.add_argument("--equal-nodes", action="store_true",
                     help="three equal nodes instead of four of different speeds")
     ap.add_argument("--cache-ram-tokens", type=int,

@@ -294,6 +294,30 @@ impl Listener {
         })
     }
 
+    /// Per node, the requests waiting for it that go before this one in the fair order
+    /// between clients (another client's ahead of it, or its own client's): what it would
+    /// wait behind there.
+    pub fn waiting_ahead(&self) -> Vec<(u16, u32)> {
+        let waiters = self.queue.waiters.lock();
+        let Some(me) = waiters.iter().find(|w| w.id == self.id) else {
+            return Vec::new();
+        };
+        let mut ahead: Vec<(u16, u32)> = Vec::new();
+        self.queue.fair.standings(|standing| {
+            let mine = (me.requester.priority, standing(&me.requester.client));
+            let before = waiters.iter().filter(|w| {
+                w.id != self.id && (w.requester.priority, standing(&w.requester.client)) <= mine
+            });
+            for node in before.filter_map(|w| w.best.map(|(node, _)| node)) {
+                match ahead.iter_mut().find(|(n, _)| *n == node) {
+                    Some((_, count)) => *count += 1,
+                    None => ahead.push((node, 1)),
+                }
+            }
+        });
+        ahead
+    }
+
     /// The request was sent to `node`: it stops looking until it looks again, and its client
     /// is charged for a slot until [`Listener::ended`]. A slot handed to it on another node
     /// goes on to the next waiter.
@@ -565,5 +589,24 @@ mod tests {
             "only the agent's is left"
         );
         assert!(!agent_warm.warm_waiter_first(0), "not itself");
+    }
+
+    #[test]
+    fn only_waiters_first_in_the_fair_order_count_as_ahead() {
+        let w = Wakeups::default();
+        let running = of(&w, "agent", Priority::Interactive);
+        running.sent(1, None);
+        let agents = [0, 1, 2].map(|_| of(&w, "agent", Priority::Interactive));
+        agents.iter().for_each(|a| a.waits(0, false, None));
+        let person = of(&w, "person", Priority::Interactive);
+        person.waits(0, false, None);
+        // The agent has a request running: none of its waiters goes before the person.
+        assert_eq!(person.waiting_ahead(), []);
+        // Each agent request waits behind the person and its own client's others.
+        assert_eq!(agents[0].waiting_ahead(), [(0, 3)]);
+        let batch = of(&w, "jobs", Priority::Batch);
+        batch.waits(1, false, None);
+        assert_eq!(batch.waiting_ahead(), [(0, 4)], "every interactive waiter");
+        assert_eq!(person.waiting_ahead(), []);
     }
 }

@@ -32,6 +32,9 @@ pub struct Entry<'a> {
     pub retries: usize,
     pub status: u16,
     pub bytes: usize,
+    /// Time waited in corral for a slot, before the request was sent to its node.
+    pub wait_ms: Option<f64>,
+    /// From sending the request to the node to the reply's first byte.
     pub ttfb_ms: Option<f64>,
     pub duration_ms: f64,
     /// Prompt tokens of the reply, and those the node served from cache, as measured.
@@ -131,6 +134,7 @@ mod tests {
             retries: 0,
             status: 200,
             bytes: 10,
+            wait_ms: Some(0.0),
             ttfb_ms: Some(1.5),
             duration_ms: 2.0,
             prompt_tokens: Some(120),

@@ -67,6 +67,7 @@ impl Account {
         }
         let wait = self.metrics.queue_wait.with_label_values(labels);
         wait.observe(waited.as_secs_f64());
+        ctx.waited = Some(waited);
         if !waited.is_zero() {
             let client = [ctx.client.label()];
             self.metrics.client_waited.with_label_values(&client).inc();

@@ -132,7 +132,8 @@ impl Forwarder {
             // A slot handed to this request: it goes on to the next waiter unless this
             // request takes it.
             let handoff = listener.take_handoff();
-            let decided = router.decide_with(profile, config);
+            let ahead = listener.waiting_ahead();
+            let decided = router.decide_waiting(profile, config, Some(&ahead));
             let picked = decided.as_ref().map(|decision| {
                 let choice = if exhausted {
                     Pick::Exhausted

@@ -68,6 +68,8 @@ pub struct RequestCtx {
     pub status: u16,
     pub retries: usize,
     pub ttfb: Option<Duration>,
+    /// Time the request waited in corral for a slot before it was sent.
+    pub waited: Option<Duration>,
     pub bytes_out: usize,
     pub client_gone: bool,
     /// The node broke off its reply after it had begun.
@@ -410,6 +412,7 @@ impl ProxyHttp for Corral {
                 retries: ctx.retries,
                 status,
                 bytes: ctx.bytes_out,
+                wait_ms: ctx.waited.map(|t| t.as_secs_f64() * 1000.0),
                 ttfb_ms: ctx.ttfb.map(|t| t.as_secs_f64() * 1000.0),
                 duration_ms: elapsed.as_secs_f64() * 1000.0,
                 prompt_tokens: ctx.prompt_tokens,

@@ -273,6 +273,18 @@ impl Router {
     /// [`Router::decide`] under `config`: the snapshot a request took when it arrived, so that
     /// it is scored, forwarded and timed under one configuration even across a reload.
     pub fn decide_with(&self, p: &Profile, config: &Config) -> Result<Decision, RouteError> {
+        self.decide_waiting(p, config, None)
+    }
+
+    /// [`Router::decide_with`] for a request among others waiting for a slot: `ahead` gives
+    /// per node the requests waiting there that go before it in the fair order between
+    /// clients (those behind it do not delay it), in place of every request waiting there.
+    pub fn decide_waiting(
+        &self,
+        p: &Profile,
+        config: &Config,
+        ahead: Option<&[(u16, u32)]>,
+    ) -> Result<Decision, RouteError> {
         let now = Instant::now();
         let nodes = self.fleet.nodes();
         if nodes.is_empty() {
@@ -320,6 +332,10 @@ impl Router {
             let evicts = !v.resident && !placement::fits_free(need, total, v.footprint.used);
             if evicts && need.is_some() && total.is_some() {
                 v.victim_use = Some(placement::victim_use(idle_models_use(&nodes, &v.node)));
+            }
+            if let Some(ahead) = ahead {
+                let on_node = ahead.iter().find(|(node, _)| *node == v.node.id);
+                v.model.waiting = on_node.map_or(0, |(_, n)| *n);
             }
         }
         let ranked = choose::rank(p, request, &views, &config.weights)?;

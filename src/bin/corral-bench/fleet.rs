@@ -377,12 +377,14 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 impl CorralProcess {
     /// Starts `binary` with a generated configuration, with `extra_yaml` (top-level keys)
-    /// added, and waits until it has polled every node at least once.
+    /// added, and waits until it has polled every node at least once. `key`: one of the
+    /// `api_keys` that `extra_yaml` sets, if any.
     pub async fn start(
         binary: &Path,
         fleet: &Fleet,
         scale: TimeScale,
         extra_yaml: &str,
+        key: Option<&str>,
     ) -> Result<Self, String> {
         let port = free_port()?;
         let metrics_port = free_port()?;
@@ -417,14 +419,19 @@ impl CorralProcess {
             .configs
             .iter()
             .any(|c| c.kind != StandinKind::LlamaCpp);
-        process.wait_ready(port, nodes_list_models).await?;
+        process.wait_ready(port, nodes_list_models, key).await?;
         Ok(process)
     }
 
     /// Waits until the port accepts connections and `/api/tags` lists the chat model (a
     /// poll came in; where `nodes_list_models` is false, any answer does),
     /// then two more poll intervals so that every node has been read.
-    async fn wait_ready(&self, port: u16, nodes_list_models: bool) -> Result<(), String> {
+    async fn wait_ready(
+        &self,
+        port: u16,
+        nodes_list_models: bool,
+        key: Option<&str>,
+    ) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let client = reqwest::Client::new();
@@ -433,12 +440,15 @@ impl CorralProcess {
                 return Err("corral did not become ready within 30 s".into());
             }
             if TcpStream::connect(addr).is_ok() {
-                let listed = client
-                    .get(format!("{}/api/tags", self.url))
-                    .send()
-                    .await
-                    .ok()
-                    .filter(|r| r.status().is_success());
+                let tags = client.get(format!("{}/api/tags", self.url));
+                let listed = match key {
+                    Some(key) => tags.bearer_auth(key),
+                    None => tags,
+                }
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success());
                 if let Some(resp) = listed {
                     let text = resp.text().await.unwrap_or_default();
                     if text.contains(CHAT_MODEL) || !nodes_list_models {

@@ -43,7 +43,7 @@ pub async fn run(opts: Options) -> Result<String, String> {
 async fn measure(opts: &Options, plan: &Plan, through_corral: bool) -> Result<Measured, String> {
     let fleet = Fleet::start(plan, opts.scale, StandinKind::Ollama, 0).await?;
     let corral = match through_corral {
-        true => Some(CorralProcess::start(&opts.corral, &fleet, opts.scale, "").await?),
+        true => Some(CorralProcess::start(&opts.corral, &fleet, opts.scale, "", None).await?),
         false => None,
     };
     // Each client's target: corral, or one node, as many clients per node as `load` per slot.

@@ -104,7 +104,7 @@ pub async fn run(
                 true => format!("weights:\n  move_cost: {}\n", env.move_cost),
                 false => String::new(),
             };
-            Some(CorralProcess::start(bin, &fleet, env.scale, &weights).await?)
+            Some(CorralProcess::start(bin, &fleet, env.scale, &weights, None).await?)
         }
         (true, None) => return Err("no corral binary to run".into()),
         (false, _) => None,
