@@ -175,7 +175,8 @@ impl Wakeups {
 
 impl Queue {
     /// Hands the slot to the waiter that should have it, unless the node has no room left
-    /// for the model or every looking waiter was offered it (or holds another).
+    /// for the model or every looking waiter was offered it (or holds another slot, on a
+    /// node other than the one it waits for).
     fn hand(&self, mut offer: Offer) {
         if !offer.node.has_room(&self.model) {
             return;
@@ -185,16 +186,22 @@ impl Queue {
         let chosen = self.fair.standings(|standing| {
             waiters
                 .iter_mut()
-                .filter(|w| w.looking && w.handed.is_none() && !offer.offered.contains(&w.id))
+                .filter(|w| w.looking && !offer.offered.contains(&w.id))
+                .filter(|w| w.handed.is_none() || w.trades_for(node))
                 .map(|w| (Place::of(w, standing, node), w))
                 .min_by(|(a, _), (b, _)| a.cmp(b))
                 .map(|(_, w)| w)
         });
-        if let Some(waiter) = chosen {
-            offer.offered.push(waiter.id);
-            waiter.wake.notify_waiters();
-            waiter.handed = Some(offer);
-        }
+        let Some(waiter) = chosen else {
+            return;
+        };
+        offer.offered.push(waiter.id);
+        waiter.wake.notify_waiters();
+        // Slots free in bursts when replies end together: a waiter handed one elsewhere a
+        // moment ago trades it for one where it waits, and the other goes on.
+        let traded = waiter.handed.replace(offer);
+        drop(waiters);
+        self.pass_on(traded);
     }
 
     /// Hands on a slot its holder did not take, if any.
@@ -206,6 +213,14 @@ impl Queue {
 
     fn with_waiter<R>(&self, id: u64, f: impl FnOnce(&mut Waiter) -> R) -> Option<R> {
         self.waiters.lock().iter_mut().find(|w| w.id == id).map(f)
+    }
+}
+
+impl Waiter {
+    /// Holds a slot handed to it on another node than `node`, the one it waits for.
+    fn trades_for(&self, node: u16) -> bool {
+        let waits_there = self.best.is_some_and(|(best, _)| best == node);
+        waits_there && self.handed.as_ref().is_some_and(|o| o.node.id != node)
     }
 }
 
@@ -360,6 +375,13 @@ impl Drop for Listener {
             gone.and_then(|i| waiters.swap_remove(i).handed)
         };
         self.queue.pass_on(handed);
+    }
+}
+
+impl Handoff {
+    /// The node whose slot this is.
+    pub fn node_name(&self) -> &str {
+        self.offer.as_ref().map_or("", |o| o.node.name())
     }
 }
 
@@ -608,5 +630,23 @@ mod tests {
         batch.waits(1, false, None);
         assert_eq!(batch.waiting_ahead(), [(0, 4)], "every interactive waiter");
         assert_eq!(person.waiting_ahead(), []);
+    }
+
+    #[test]
+    fn a_waiter_handed_a_slot_elsewhere_trades_it_for_one_where_it_waits() {
+        let w = Wakeups::default();
+        let (a, b) = (node(0), node(1));
+        let [first, second] = looking::<2>(&w);
+        first.waits(1, true, None);
+        // A slot frees on node 0 and then one on node 1, before `first` looked at the first.
+        w.slot_freed("m", &a);
+        w.slot_freed("m", &b);
+        let handoff = first.take_handoff().expect("a slot for first");
+        assert_eq!(
+            handoff.offer.as_ref().map(|o| o.node.id),
+            Some(1),
+            "where it waits"
+        );
+        assert_eq!(handed_node(&second), Some(0), "the other goes on");
     }
 }

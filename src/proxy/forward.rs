@@ -191,6 +191,18 @@ impl Forwarder {
                 Pick::Wait(best) => {
                     let max = config.queue.max_waiting;
                     let warm = decision.warm_on(best.node.id);
+                    if let Some(h) = &handoff {
+                        log::debug!(
+                            "{}: declines a slot on {}, waits for {}{}: {:?}",
+                            ctx.client.label(),
+                            h.node_name(),
+                            best.node.name(),
+                            if warm { " (warm)" } else { "" },
+                            crate::routing::score::explain(
+                                decision.ranked.iter().map(|c| (c.node.name(), &c.scores))
+                            )
+                        );
+                    }
                     listener.waits(best.node.id, warm, handoff);
                     waiting = router.wait_ticket(&best.node, &profile.model_key, warm, max);
                     if waiting.is_none() {

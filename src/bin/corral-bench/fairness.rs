@@ -26,6 +26,8 @@ pub struct Options {
     pub runs: usize,
     pub scale: TimeScale,
     pub corral: PathBuf,
+    /// corral's `weights.move_cost` (0, its default, leaves it off).
+    pub move_cost: f64,
 }
 
 const PERSON_KEY: &str = "key-person";
@@ -104,9 +106,12 @@ pub async fn run(opts: Options) -> Result<String, String> {
 
 async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<Measured, String> {
     let fleet = Fleet::start(plan, opts.scale, StandinKind::Ollama, CACHE_RAM_TOKENS).await?;
-    let keys = format!(
+    let mut keys = format!(
         "api_keys:\n  - {{name: person, key: {PERSON_KEY}}}\n  - {{name: agent, key: {AGENT_KEY}}}\n"
     );
+    if opts.move_cost > 0.0 {
+        keys.push_str(&format!("weights:\n  move_cost: {}\n", opts.move_cost));
+    }
     let corral =
         CorralProcess::start(&opts.corral, &fleet, opts.scale, &keys, Some(PERSON_KEY)).await?;
     let agent_key = match case {
@@ -272,14 +277,14 @@ fn mean(values: &[f64]) -> Option<f64> {
 fn report(opts: &Options, cases: &[Case], runs: &[Vec<Measured>]) -> String {
     let cell = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
     let mut out = format!(
-        "Three equal nodes x 2 slots (current Ollama stand-ins, slots told), time scale {}; \
-         times simulated (real hardware's), seconds.\n\
+        "Three equal nodes x 2 slots (current Ollama stand-ins, slots told), time scale {}, \
+         move_cost {}; times simulated (real hardware's), seconds.\n\
          person: {PERSON_CONVERSATIONS} conversations x {PERSON_TURNS} turns, \
          {PERSON_THINK_SECS} s pauses, from {PERSON_START_SECS} s; \
          agent: {AGENTS} conversations x {AGENT_TURNS} turns at once, 6,000-char tasks.\n\n\
          | run | case | person TTFT p50 | p90 | agent turn mean (with its wait) | agent wall | errors |\n\
          | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
-        opts.scale.0
+        opts.scale.0, opts.move_cost,
     );
     let mut verdicts = String::new();
     for (r, measured) in runs.iter().enumerate() {

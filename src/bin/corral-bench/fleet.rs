@@ -402,7 +402,10 @@ impl CorralProcess {
         let child = Command::new(binary)
             .arg("-c")
             .arg(&config)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("CORRAL_BENCH_LOG").unwrap_or("warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

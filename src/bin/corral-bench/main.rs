@@ -142,6 +142,9 @@ enum Command {
         /// The corral binary (default: the one next to corral-bench).
         #[arg(long)]
         corral: Option<PathBuf>,
+        /// corral's `weights.move_cost` (0, its default, leaves it off).
+        #[arg(long, default_value_t = 0.0)]
+        move_cost: f64,
     },
     /// Print a free loopback port.
     FreePort,
@@ -304,12 +307,14 @@ fn run(command: Command) -> Result<(), String> {
             runs,
             time_scale,
             corral,
+            move_cost,
         } => {
             if runs == 0 || time_scale <= 0.0 {
                 return Err("--runs and --time-scale must be above 0".into());
             }
             let opts = fairness::Options {
                 runs,
+                move_cost,
                 scale: TimeScale(time_scale),
                 corral: match corral {
                     Some(path) => path,
