@@ -8,9 +8,10 @@
 //! something. So the models a node is believed to hold are counted most certain first, then
 //! most recently seen, only up to the node's memory; what does not fit is taken as evicted.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::fleet::{Ewma, Slot};
+use crate::fleet::{Ewma, Node, Slot};
 
 /// One model a node may hold.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -193,6 +194,31 @@ pub fn victim_use(idle_models_use: impl IntoIterator<Item = u32>) -> u32 {
 /// the models that go are least used fleet-wide.
 pub fn weigh_victims(memory_fit: f64, victim_use: u32) -> f64 {
     memory_fit / (1.0 + f64::from(victim_use))
+}
+
+/// The use fleet-wide (requests running or waiting, on every node) of each model `node`'s
+/// last poll listed that no request runs or waits for there: what a load there may evict.
+pub(super) fn idle_models_use(nodes: &[Arc<Node>], node: &Node) -> Vec<u32> {
+    let inv = node.inventory();
+    let busy = |state: Option<&crate::fleet::ModelState>| {
+        state.is_some_and(|s| s.in_flight + s.waiting > 0)
+    };
+    let idle: Vec<&str> = node.books(|books| {
+        let resident = inv.resident.keys().map(String::as_str);
+        resident.filter(|m| !busy(books.models.get(*m))).collect()
+    });
+    let use_of = |model: &str| -> u32 {
+        let on = |n: &Arc<Node>| {
+            n.books(|books| {
+                books
+                    .models
+                    .get(model)
+                    .map_or(0, |s| s.in_flight + s.waiting)
+            })
+        };
+        nodes.iter().map(on).sum()
+    };
+    idle.into_iter().map(use_of).collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,1134 @@
+//! The router's decisions and books together: requests decided, counted on their nodes, sent,
+//! answered and finished as the proxy does it, checked against what corral then knows.
+
+use super::warm::Capacity;
+use super::warm::Observed;
+use super::*;
+use crate::config::{NodeConfig, Weights};
+use crate::fleet::kind::NodeKind;
+use crate::fleet::{Evidence, Rules};
+use crate::fleet::{Inventory, Resident};
+use crate::proxy::reply::ReplyStats;
+use crate::request::Endpoint;
+
+const MODEL: &str = "llama3:8b";
+
+/// A router over `n` idle nodes that all hold MODEL resident, of a kind to detect.
+fn router(n: usize, slots: usize) -> Arc<Router> {
+    router_with(n, slots, false, NodeKind::Auto)
+}
+
+/// The same over nodes running Ollama's old runner.
+fn legacy_router(n: usize, slots: usize, multiuser_cache: bool) -> Arc<Router> {
+    router_with(n, slots, multiuser_cache, NodeKind::OllamaLegacy)
+}
+
+fn router_with(n: usize, slots: usize, multiuser_cache: bool, kind: NodeKind) -> Arc<Router> {
+    let nodes = (0..n)
+        .map(|i| {
+            let mut node =
+                NodeConfig::new(&format!("n{i}"), &format!("http://127.0.0.1:{}", 1000 + i));
+            node.num_parallel = slots;
+            node.memory_gb = Some(24.0);
+            node.multiuser_cache = multiuser_cache;
+            node.kind = kind;
+            node
+        })
+        .collect();
+    let config = Config {
+        nodes,
+        ..Default::default()
+    };
+    let fleet = Fleet::new(&config).unwrap();
+    for node in fleet.nodes().iter() {
+        let mut inv = Inventory {
+            polled_at: Some(Instant::now()),
+            ..Default::default()
+        };
+        inv.on_disk.insert(MODEL.into(), 4_700_000_000);
+        inv.resident.insert(
+            MODEL.into(),
+            Resident {
+                size: 5_000_000_000,
+                context_length: Some(8192),
+                expires_at: None,
+            },
+        );
+        node.update_inventory(inv);
+    }
+    Arc::new(Router::new(Arc::new(fleet), &config))
+}
+
+fn chat(turns: &[&str]) -> Profile {
+    let mut messages = Vec::new();
+    for (i, t) in turns.iter().enumerate() {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(serde_json::json!({ "role": role, "content": t }));
+    }
+    let body = serde_json::json!({ "model": MODEL, "messages": messages });
+    Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+}
+
+/// Sends a request to `node` as the proxy would, and finishes it.
+fn serve(r: &Arc<Router>, p: &Profile, node: usize) {
+    let decision = r.decide(p).unwrap();
+    let mut d = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
+    r.commit(&mut d, p, &decision);
+    d.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+}
+
+fn affinity_score(d: &Decision, node: u16) -> f64 {
+    let candidate = d.ranked.iter().find(|c| c.node.id == node).unwrap();
+    candidate.scores.session_affinity
+}
+
+fn total_of(d: &Decision, node: usize) -> f64 {
+    d.ranked
+        .iter()
+        .find(|c| usize::from(c.node.id) == node)
+        .unwrap()
+        .scores
+        .total()
+}
+
+#[test]
+fn worked_example_leads_by_20_then_7_3_then_trails_by_2() {
+    // One slot a node, Ollama's default: every request running or waiting is ahead.
+    let r = router(2, 1);
+    let first = chat(&["Hello"]);
+    serve(&r, &first, 0);
+    let follow_up = chat(&["Hello", "Hi there", "Tell me more"]);
+
+    let d = r.decide(&follow_up).unwrap();
+    assert_eq!(d.pin.map(|p| p.node), Some(0));
+    assert_eq!(d.affinity_for(0), AffinityResult::Hit);
+    assert!((total_of(&d, 0) - total_of(&d, 1) - 20.0).abs() < 1e-9);
+
+    let other = chat(&["unrelated"]);
+    let node = &r.fleet.nodes()[0];
+    let _one = r.try_dispatch(node, &other).unwrap();
+    let d = r.decide(&follow_up).unwrap();
+    let lead = total_of(&d, 0) - total_of(&d, 1);
+    assert!((lead - 7.333).abs() < 0.001, "{lead}");
+    assert_eq!(format!("{lead:.1}"), "7.3");
+
+    assert!(
+        r.try_dispatch(node, &other).is_none(),
+        "its one slot is taken"
+    );
+    let _two = r.wait_ticket(node, MODEL, false, 8).unwrap();
+    let d = r.decide(&follow_up).unwrap();
+    assert!((total_of(&d, 0) - total_of(&d, 1) + 2.0).abs() < 1e-9);
+    assert_eq!(d.ranked[0].node.id, 1, "the idle peer wins at depth two");
+    assert_eq!(d.affinity_for(1), AffinityResult::Miss);
+}
+
+#[test]
+fn requests_beside_a_free_slot_are_no_queue() {
+    // Four slots: two requests running leave two free, so the follow-up meets no queue
+    // and its warm node leads by the whole bonus; only what waits for a slot counts.
+    let r = router(2, 4);
+    serve(&r, &chat(&["Hello"]), 0);
+    let follow_up = chat(&["Hello", "Hi there", "Tell me more"]);
+    let other = chat(&["unrelated"]);
+    let node = &r.fleet.nodes()[0];
+    let running: Vec<_> = (0..2)
+        .map(|_| r.try_dispatch(node, &other).unwrap())
+        .collect();
+    let d = r.decide(&follow_up).unwrap();
+    assert!((total_of(&d, 0) - total_of(&d, 1) - 20.0).abs() < 1e-9);
+    // All four slots taken and four more waiting: five requests ahead on four slots.
+    let more: Vec<_> = (0..2)
+        .map(|_| r.try_dispatch(node, &other).unwrap())
+        .collect();
+    let waiting: Vec<_> = (0..4)
+        .map(|_| r.wait_ticket(node, MODEL, false, 8).unwrap())
+        .collect();
+    let d = r.decide(&follow_up).unwrap();
+    let queue = 5.0 / 4.0;
+    let lead = 20.0 / (1.0 + queue / 2.0) - 6.0 * queue;
+    assert!((total_of(&d, 0) - total_of(&d, 1) - lead).abs() < 1e-9);
+    drop((running, more, waiting));
+}
+
+#[test]
+fn new_conversations_avoid_displacing_warm_slots() {
+    let r = legacy_router(2, 2, true);
+    // Fill node 0's two slots with two conversations.
+    serve(&r, &chat(&["a"]), 0);
+    serve(&r, &chat(&["b"]), 0);
+    let d = r.decide(&chat(&["c"])).unwrap();
+    assert_eq!(d.ranked[0].node.id, 1);
+    assert_eq!(
+        d.ranked[1].scores.session_affinity,
+        -Weights::default().slot_displacement
+    );
+    assert_eq!(d.affinity_for(1), AffinityResult::New);
+}
+
+#[test]
+fn on_the_old_runner_a_new_conversation_takes_the_slot_of_an_idle_one_not_an_empty_slot() {
+    // Ollama without OLLAMA_MULTIUSER_CACHE: "b" shares its first tokens with "a",
+    // nothing with the empty slot, so it takes a's slot.
+    let r = legacy_router(2, 2, false);
+    serve(&r, &chat(&["a"]), 0);
+    let d = r.decide(&chat(&["b"])).unwrap();
+    assert_eq!(
+        affinity_score(&d, 0),
+        -Weights::default().slot_displacement,
+        "node 0 has an empty slot, yet b would push a out"
+    );
+    serve(&r, &chat(&["b"]), 0);
+    let d = r.decide(&chat(&["a", "reply", "more"])).unwrap();
+    assert_eq!(d.pin, None);
+    assert_eq!(d.affinity_for(0), AffinityResult::Miss);
+    let d = r.decide(&chat(&["b", "reply", "more"])).unwrap();
+    assert_eq!(d.pin.map(|p| (p.node, p.continues)), Some((0, true)));
+
+    // With the multi-user cache, "b" takes the empty slot and both stay warm.
+    let r = legacy_router(2, 2, true);
+    serve(&r, &chat(&["a"]), 0);
+    let d = r.decide(&chat(&["b"])).unwrap();
+    assert_eq!(affinity_score(&d, 0), 0.0);
+    serve(&r, &chat(&["b"]), 0);
+    for first in ["a", "b"] {
+        let d = r.decide(&chat(&[first, "reply", "more"])).unwrap();
+        assert_eq!(
+            d.pin.map(|p| (p.node, p.continues)),
+            Some((0, true)),
+            "{first}"
+        );
+    }
+}
+
+#[test]
+fn a_model_that_nothing_used_leaves_no_state_behind() {
+    let r = router(1, 2);
+    let node = r.fleet.nodes()[0].clone();
+    let invented = chat(&["x"]);
+    let invented = Profile {
+        model_key: "invented:1b".into(),
+        ..invented
+    };
+    drop(r.wait_ticket(&node, &invented.model_key, false, 8));
+    let mut failed = r.try_dispatch(&node, &invented).unwrap();
+    failed.finish(Outcome::default());
+    drop(failed);
+    assert!(!node.lock_books().models.contains_key("invented:1b"));
+    // What a served model taught is kept.
+    serve(&r, &chat(&["a"]), 0);
+    assert!(node.lock_books().models.contains_key(MODEL));
+}
+
+#[test]
+fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
+    let r = legacy_router(1, 1, false);
+    serve(&r, &chat(&["a"]), 0);
+    serve(&r, &chat(&["b"]), 0);
+    // "a" lost the node's only slot to "b".
+    let d = r.decide(&chat(&["a", "reply", "more"])).unwrap();
+    assert_eq!(d.pin, None);
+    assert_eq!(d.affinity_for(0), AffinityResult::Miss);
+    // "b" still holds it.
+    let d = r.decide(&chat(&["b", "reply", "more"])).unwrap();
+    assert_eq!(d.pin.map(|p| (p.node, p.continues)), Some((0, true)));
+}
+
+/// Sends a request to `node`, lets the node reply with `reply` (its final JSON
+/// object), and returns what corral made of it.
+fn serve_replying(r: &Arc<Router>, p: &Profile, node: usize, reply: &str) -> Observation {
+    let decision = r.decide(p).unwrap();
+    let mut d = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
+    r.commit(&mut d, p, &decision);
+    let stats = ReplyStats::parse(reply.as_bytes()).unwrap();
+    let observation = d.observe(&stats).unwrap();
+    d.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+    observation
+}
+
+/// Ollama's final figures: `prompt_eval_count` and its duration in milliseconds.
+fn ollama_reply(count: u64, prefill_ms: u64) -> String {
+    format!(
+        r#"{{"prompt_eval_count":{count},"prompt_eval_duration":{}}}"#,
+        prefill_ms * 1_000_000
+    )
+}
+
+fn llama_cpp_reply(cached: u64, evaluated: u64) -> String {
+    format!(
+        r#"{{"timings":{{"cache_n":{cached},"prompt_n":{evaluated},"prompt_per_second":1000.0}}}}"#
+    )
+}
+
+/// An OpenAI-compatible server's final figures: prompt tokens, cached ones and tokens
+/// generated, no durations.
+fn openai_usage(prompt: u64, cached: u64, generated: u64) -> String {
+    format!(
+        r#"{{"usage":{{"prompt_tokens":{prompt},"completion_tokens":{generated},"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#
+    )
+}
+
+#[test]
+fn a_node_that_reports_no_durations_is_timed_by_its_first_streamed_token() {
+    let rates = |r: &Arc<Router>| {
+        let node = &r.fleet.nodes()[0];
+        let books = node.lock_books();
+        let state = &books.models[MODEL];
+        (state.warm.cold_rate.get(), state.decode_tps.get())
+    };
+    let stats = ReplyStats::parse(openai_usage(2_000, 0, 11).as_bytes()).unwrap();
+    // Each step at least this long: the rates below are bounds, whatever the machine.
+    let step = Duration::from_millis(20);
+    let send = |stream: bool| {
+        let r = router(1, 1);
+        let body = serde_json::json!({
+            "model": MODEL,
+            "messages": [{ "role": "user", "content": "a new conversation" }],
+            "stream": stream,
+        });
+        let p = Profile::parse(Endpoint::OpenAiChat, body.to_string().as_bytes()).unwrap();
+        let decision = r.decide(&p).unwrap();
+        let mut d = r.try_dispatch(&r.fleet.nodes()[0], &p).unwrap();
+        r.commit(&mut d, &p, &decision);
+        std::thread::sleep(step);
+        d.first_byte();
+        std::thread::sleep(step);
+        let o = d.observe(&stats).unwrap();
+        assert_eq!(o.observed, Observed::Cold);
+        d.finish(Outcome {
+            ok: true,
+            decode_tps: d.decode_tps(&stats),
+            ..Default::default()
+        });
+        r
+    };
+    // 2,000 prompt tokens before the first token, 10 more tokens after it, each at
+    // least 20 ms.
+    let (prefill, decode) = rates(&send(true));
+    let prefill = prefill.expect("timed by its first token");
+    assert!(prefill > 0.0 && prefill <= 2_000.0 / step.as_secs_f64());
+    let decode = decode.expect("timed by the tokens after the first");
+    assert!(decode > 0.0 && decode <= 10.0 / step.as_secs_f64());
+    // Not streamed, the first byte came after the whole answer: it times nothing.
+    assert_eq!(rates(&send(false)), (None, None));
+}
+
+#[test]
+fn on_current_ollama_a_displaced_conversation_stays_warm_in_host_memory() {
+    let r = router(1, 1);
+    let long = "x".repeat(400);
+    serve(&r, &chat(&["a", "r", &long]), 0);
+    serve(&r, &chat(&["b", "r", &long]), 0);
+    // "a" lost the only slot to "b", which saved it into host memory.
+    let follow_up = chat(&["a", "r", &long, "reply", "more"]);
+    let d = r.decide(&follow_up).unwrap();
+    assert_eq!(d.pin.map(|p| (p.node, p.in_host)), Some((0, true)));
+    assert_eq!(d.affinity_for(0), AffinityResult::Host);
+    assert_eq!(
+        affinity_score(&d, 0),
+        Weights::default().session_affinity,
+        "a host-warm prefix earns the affinity bonus"
+    );
+    // Restored into the slot, "a" goes on there, and "b" is saved in its turn.
+    let o = serve_replying(&r, &follow_up, 0, &llama_cpp_reply(100, 3));
+    assert_eq!(
+        (o.predicted, o.observed),
+        (AffinityResult::Host, Observed::Warm)
+    );
+    assert_eq!(o.agrees(), Some(true));
+    let d = r
+        .decide(&chat(&["a", "r", &long, "reply", "more", "x", "y"]))
+        .unwrap();
+    assert_eq!(d.affinity_for(0), AffinityResult::Hit);
+    let d = r
+        .decide(&chat(&["b", "r", &long, "reply", "more"]))
+        .unwrap();
+    assert_eq!(d.affinity_for(0), AffinityResult::Host);
+}
+
+#[test]
+fn a_restore_that_first_saves_the_slot_it_takes_can_push_its_own_conversation_out() {
+    let r = router(1, 1);
+    let long = "x".repeat(400);
+    let (a, b) = (chat(&["a", "r", &long]), chat(&["b", "r", &long]));
+    serve(&r, &a, 0);
+    serve(&r, &b, 0);
+    let follow_up = chat(&["a", "r", &long, "reply", "more"]);
+    assert_eq!(
+        r.decide(&follow_up).unwrap().affinity_for(0),
+        AffinityResult::Host
+    );
+    // The cache holds a alone, but restoring it saves b from the only slot first, and
+    // a cache one token short of both drops a to make room.
+    let both = u64::from(a.prompt_tokens + b.prompt_tokens);
+    let node = r.fleet.nodes()[0].clone();
+    let capacity = |tokens| {
+        let mut books = node.lock_books();
+        let host = &mut books.models.get_mut(MODEL).unwrap().warm.host;
+        host.set_capacity(Capacity::Tokens(tokens));
+    };
+    capacity(both - 1);
+    let d = r.decide(&follow_up).unwrap();
+    assert_eq!((d.pin, d.affinity_for(0)), (None, AffinityResult::Miss));
+    capacity(both);
+    assert_eq!(
+        r.decide(&follow_up).unwrap().affinity_for(0),
+        AffinityResult::Host
+    );
+}
+
+#[test]
+fn idle_slots_are_copied_into_the_host_cache_as_llama_server_copies_them() {
+    let r = router(1, 3);
+    let long = "x".repeat(400);
+    let turn = |c: &str| chat(&[c, "r", &long]);
+    let own = u64::from(turn("a").prompt_tokens);
+    for c in ["a", "b", "c"] {
+        serve(&r, &turn(c), 0);
+    }
+    // Each request copied the slots that were idle: a, then b.
+    let node = &r.fleet.nodes()[0];
+    assert_eq!(node.lock_books().models[MODEL].warm.host.len(), 2);
+    let follow = |c: &str| chat(&[c, "r", &long, "reply", "more"]);
+    let b = r.decide(&follow("b")).unwrap();
+    assert_eq!(
+        b.affinity_for(0),
+        AffinityResult::Hit,
+        "b is still in its slot"
+    );
+    // "d" takes a's slot (least recently used): a, held whole already, stays the
+    // oldest; c is copied after b.
+    serve(&r, &turn("d"), 0);
+    let a = r.decide(&follow("a")).unwrap();
+    assert_eq!(a.affinity_for(0), AffinityResult::Host);
+    assert_eq!(a.probe.expect("a is in the host cache").needed, 3 * own);
+    // "e" takes b's slot: b keeps its place before c's copy rather than being saved
+    // again as the newest, and d is copied after them.
+    serve(&r, &turn("e"), 0);
+    let b = r.decide(&follow("b")).unwrap();
+    assert_eq!(b.affinity_for(0), AffinityResult::Host);
+    assert_eq!(b.probe.expect("b is in the host cache").needed, 3 * own);
+}
+
+#[test]
+fn host_cache_capacity_is_learned_from_replies() {
+    let r = router(1, 1);
+    let long = "x".repeat(400);
+    for c in ["a", "b", "c", "d"] {
+        serve(&r, &chat(&[c, "r", &long]), 0);
+    }
+    // a, b, c saved (oldest first); d in the slot. "a" is the deepest: it needs the
+    // cache to hold all three. Nothing is known lost, so it goes to its node; but with
+    // no limit shown yet, a cache is expected to keep as many as the node has slots,
+    // and two were saved after it. The node says it was cold.
+    let a = chat(&["a", "r", &long, "reply", "more"]);
+    let d = r.decide(&a).unwrap();
+    assert_eq!(d.pin.map(|p| (p.node, p.in_host)), Some((0, true)));
+    assert_eq!(d.affinity_for(0), AffinityResult::Miss);
+    let needed_a = d.probe.unwrap().needed;
+    let o = serve_replying(&r, &a, 0, &llama_cpp_reply(0, 120));
+    assert_eq!((o.observed, o.agrees()), (Observed::Cold, Some(true)));
+    let node = &r.fleet.nodes()[0];
+    let capacity = node.lock_books().models[MODEL].warm.host.capacity();
+    // Below what "a" needed, no lower than one conversation (a third of it here).
+    assert!(
+        matches!(capacity, Capacity::Tokens(t) if t < needed_a && 3 * t >= needed_a),
+        "{capacity:?} for {needed_a}"
+    );
+    // Now b (also three deep: c, d, then a saved after it) is predicted cold...
+    let b = chat(&["b", "r", &long, "reply", "more"]);
+    let d = r.decide(&b).unwrap();
+    assert_eq!(d.affinity_for(0), AffinityResult::Miss);
+    let needed_b = d.probe.expect("still probed").needed;
+    assert!(needed_b >= needed_a);
+    // ...and the node shows it warm: one reply against the other, the larger capacity
+    // (here none at all) wins, and b counts as warm again.
+    let o = serve_replying(&r, &b, 0, &llama_cpp_reply(100, 3));
+    assert_eq!((o.observed, o.agrees()), (Observed::Warm, Some(false)));
+    let grown = node.lock_books().models[MODEL].warm.host.capacity();
+    assert_eq!(grown, Capacity::Unbounded);
+    assert_eq!(
+        node.lock_books().kind.kind,
+        NodeKind::LlamaCpp,
+        "the replies' timings told the kind"
+    );
+}
+
+#[test]
+fn a_node_whose_replies_showed_no_limit_yet_takes_its_peers() {
+    let r = router(2, 1);
+    let long = "x".repeat(400);
+    for node in 0..2 {
+        for c in ["a", "b", "c", "d"] {
+            serve(&r, &chat(&[&format!("{c}{node}"), "r", &long]), node);
+        }
+    }
+    // Each node saved three conversations; the oldest needs all three kept.
+    let on_0 = chat(&["a0", "r", &long, "reply", "more"]);
+    let on_1 = chat(&["a1", "r", &long, "reply", "more"]);
+    // Nothing known yet: kept on its node, but three deep on one slot, expected cold.
+    let d = r.decide(&on_1).unwrap();
+    assert_eq!(d.pin.map(|p| p.node), Some(1));
+    assert_eq!(d.affinity_for(1), AffinityResult::Miss);
+    // Node 0's reply shows its cache did not keep its oldest.
+    let o = serve_replying(&r, &on_0, 0, &llama_cpp_reply(0, 120));
+    assert_eq!(o.observed, Observed::Cold);
+    // Node 1, as deep, is now taken to have lost it too, and is still probed...
+    let d = r.decide(&on_1).unwrap();
+    assert_eq!(d.pin, None);
+    assert_eq!(d.affinity_for(1), AffinityResult::Miss);
+    assert_eq!(d.probe.map(|p| p.node), Some(1));
+    // ...so that its own reply decides: it kept it, and nothing shallower is doubted.
+    // (b1 is not shallower now: restoring it first saves a1, grown, from the slot.)
+    let o = serve_replying(&r, &on_1, 1, &llama_cpp_reply(100, 3));
+    assert_eq!((o.observed, o.agrees()), (Observed::Warm, Some(false)));
+    let c1 = chat(&["c1", "r", &long, "reply", "more"]);
+    assert_eq!(r.decide(&c1).unwrap().affinity_for(1), AffinityResult::Host);
+}
+
+#[test]
+fn the_cold_prefill_rate_turns_ollama_0_30_1_counts_into_cached_tokens() {
+    let r = router_with(1, 1, false, NodeKind::Ollama);
+    let long = "x".repeat(4000);
+    // A new conversation: the whole prompt (about 1000 tokens) evaluated in 1 s.
+    let first = chat(&[&long]);
+    let o = serve_replying(&r, &first, 0, &ollama_reply(1000, 1000));
+    // Nothing to compare the duration with yet: the node's verdict is unknown.
+    assert_eq!(
+        (o.predicted, o.observed),
+        (AffinityResult::New, Observed::Unknown)
+    );
+    // The follow-up counts all 1010 tokens but took 10 ms: 10 evaluated.
+    let next = chat(&[&long, "reply", "more"]);
+    let o = serve_replying(&r, &next, 0, &ollama_reply(1010, 10));
+    assert_eq!(o.predicted, AffinityResult::Hit);
+    assert_eq!(o.measured.cached, Some(1000));
+    assert_eq!(o.observed, Observed::Warm);
+    // The prefill speed learned is that of evaluated tokens, not 101,000 per second.
+    let tps = r.fleet.nodes()[0].lock_books().models[MODEL]
+        .prefill_tps
+        .get();
+    assert!(tps.is_some_and(|t| (t - 1000.0).abs() < 1.0), "{tps:?}");
+}
+
+#[test]
+fn a_new_conversation_read_as_warm_under_a_too_slow_rate_still_corrects_it() {
+    let r = router_with(1, 1, false, NodeKind::Ollama);
+    let cold_rate = || {
+        r.fleet.nodes()[0].lock_books().models[MODEL]
+            .warm
+            .cold_rate
+            .get()
+    };
+    // A first prompt evaluated beside others: about 1000 tokens in 3 s.
+    let first = chat(&[&"x".repeat(4000)]);
+    serve_replying(&r, &first, 0, &ollama_reply(1000, 3000));
+    assert!(cold_rate().is_some_and(|t| (t - 333.3).abs() < 1.0));
+    // Another new conversation, evaluated alone: 1 s. Against 333 tokens/s it reads as
+    // two thirds cached; it is still the node's speed.
+    let other = chat(&[&"y".repeat(4000)]);
+    let o = serve_replying(&r, &other, 0, &ollama_reply(1000, 1000));
+    assert_eq!(
+        (o.predicted, o.observed),
+        (AffinityResult::New, Observed::Warm)
+    );
+    assert!(cold_rate().is_some_and(|t| (t - 1000.0).abs() < 1.0));
+}
+
+#[test]
+fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
+    let r = router(2, 1);
+    let mut config = (*r.config()).clone();
+    config.weights.move_cost = 2.0;
+    r.set_config(config);
+    let long = "x".repeat(400);
+    let first = chat(&["a", "r", &long]);
+    serve_replying(&r, &first, 0, &llama_cpp_reply(0, 100));
+    // Node 1 has shown its cold prefill rate (1,000 tokens per second).
+    serve_replying(&r, &chat(&["other"]), 1, &llama_cpp_reply(0, 100));
+    let follow_up = chat(&["a", "r", &long, "reply", "more"]);
+    let other = chat(&["unrelated"]);
+    let _one = r.try_dispatch(&r.fleet.nodes()[0], &other).unwrap();
+    let _two = r.wait_ticket(&r.fleet.nodes()[0], MODEL, false, 8).unwrap();
+    // Depth two: by the signals alone the idle peer leads by 2 (the worked example),
+    // but node 0 serves in microseconds, and a move costs 2 x 106 tokens / 1,000 per s.
+    let d = r.decide(&follow_up).unwrap();
+    assert_eq!(
+        d.ranked[0].node.id, 0,
+        "waiting for the warm node is sooner"
+    );
+    assert_eq!(d.affinity_for(0), AffinityResult::Hit);
+    assert!((total_of(&d, 0) - total_of(&d, 1) - 1.0).abs() < 1e-9);
+    // Once node 0 takes 100 s a request, the move is sooner.
+    for _ in 0..50 {
+        r.fleet.nodes()[0]
+            .lock_books()
+            .models
+            .get_mut(MODEL)
+            .unwrap()
+            .warm
+            .service_s
+            .record(100.0);
+    }
+    let d = r.decide(&follow_up).unwrap();
+    assert_eq!(d.ranked[0].node.id, 1, "a long wait is worth a move");
+}
+
+#[test]
+fn unload_seen_by_poller_drops_affinity() {
+    let r = router(2, 2);
+    serve(&r, &chat(&["a"]), 1);
+    assert!(r.decide(&chat(&["a", "x", "y"])).unwrap().pin.is_some());
+    let node = &r.fleet.nodes()[1];
+    let mut inv = (*node.inventory()).clone();
+    inv.resident.clear();
+    inv.polled_at = Some(Instant::now());
+    node.update_inventory(inv);
+    let d = r.decide(&chat(&["a", "x", "y"])).unwrap();
+    assert_eq!(d.pin, None);
+    assert!(
+        r.affinity.get(chat(&["a"]).chain.last()).is_none(),
+        "entry dropped"
+    );
+}
+
+#[test]
+fn a_finished_request_wakes_only_the_requests_waiting_for_its_model() {
+    use futures::FutureExt;
+    let r = router(1, 2);
+    let node = r.fleet.nodes()[0].clone();
+    let (same, other) = (
+        r.listen(MODEL, Requester::default()),
+        r.listen("other:1b", Requester::default()),
+    );
+    let same = same.news(&r.fleet.wakeups);
+    let other = other.news(&r.fleet.wakeups);
+    tokio::pin!(same, other);
+    drop(r.try_dispatch(&node, &chat(&["x"])).unwrap());
+    assert!(
+        same.as_mut().now_or_never().is_some(),
+        "a slot freed for it"
+    );
+    assert!(other.as_mut().now_or_never().is_none(), "nothing for it");
+    // A reload concerns every waiter.
+    r.set_config((*r.config()).clone());
+    assert!(other.as_mut().now_or_never().is_some());
+}
+
+#[test]
+fn in_flight_is_released_on_drop() {
+    let r = router(1, 2);
+    let p = chat(&["a"]);
+    {
+        let _d = r.try_dispatch(&r.fleet.nodes()[0], &p).unwrap();
+        assert_eq!(r.fleet.nodes()[0].lock_books().models[MODEL].in_flight, 1);
+    }
+    let models = r.fleet.nodes()[0].lock_books().models.clone();
+    assert_eq!(models.get(MODEL).map_or(0, |s| s.in_flight), 0);
+}
+
+#[test]
+fn unknown_model_and_too_large_model_are_refused() {
+    let r = router(2, 2);
+    let body = br#"{"model":"nope","messages":[]}"#;
+    let p = Profile::parse(Endpoint::Chat, body).unwrap();
+    assert_eq!(
+        r.decide(&p).err(),
+        Some(RouteError::ModelNotFound("nope".into()))
+    );
+
+    for node in r.fleet.nodes().iter() {
+        let mut inv = (*node.inventory()).clone();
+        inv.on_disk.insert("big:70b".into(), 40_000_000_000);
+        node.update_inventory(inv);
+    }
+    let p = Profile::parse(Endpoint::Chat, br#"{"model":"big:70b","messages":[]}"#).unwrap();
+    assert!(matches!(r.decide(&p), Err(RouteError::TooLarge { .. })));
+}
+
+#[test]
+fn big_model_avoids_small_node() {
+    let mut small = NodeConfig::new("small", "http://127.0.0.1:1001");
+    small.memory_gb = Some(8.0);
+    let mut big = NodeConfig::new("big", "http://127.0.0.1:1002");
+    big.memory_gb = Some(48.0);
+    let config = Config {
+        nodes: vec![small, big],
+        ..Default::default()
+    };
+    let fleet = Fleet::new(&config).unwrap();
+    for node in fleet.nodes().iter() {
+        let mut inv = Inventory {
+            polled_at: Some(Instant::now()),
+            ..Default::default()
+        };
+        inv.on_disk.insert("qwen:32b".into(), 20_000_000_000);
+        node.update_inventory(inv);
+    }
+    let r = Arc::new(Router::new(Arc::new(fleet), &config));
+    let p = Profile::parse(Endpoint::Chat, br#"{"model":"qwen:32b","messages":[]}"#).unwrap();
+    let d = r.decide(&p).unwrap();
+    assert_eq!(d.ranked.len(), 1);
+    assert_eq!(d.ranked[0].node.name(), "big");
+}
+
+#[test]
+fn requests_waiting_for_a_node_count_in_its_queue_depth() {
+    let r = router(2, 1);
+    let p = chat(&["x"]);
+    let node = r.fleet.nodes()[0].clone();
+    let _running = r.try_dispatch(&node, &p).unwrap();
+    assert!(r.try_dispatch(&node, &p).is_none(), "one slot: full");
+    let _waiting = r.wait_ticket(&node, MODEL, false, 10).unwrap();
+    assert_eq!(r.waiting(), 1);
+    assert!(
+        r.wait_ticket(&node, MODEL, false, 1).is_none(),
+        "max_waiting reached"
+    );
+    let d = r.decide(&chat(&["y"])).unwrap();
+    let queue = d
+        .ranked
+        .iter()
+        .find(|c| c.node.id == node.id)
+        .unwrap()
+        .scores
+        .queue_depth;
+    assert_eq!(queue, -12.0, "one running and one waiting");
+    drop(_waiting);
+    assert_eq!(r.waiting(), 0);
+    assert_eq!(node.lock_books().models[MODEL].waiting, 0);
+}
+
+#[test]
+fn a_cold_request_leaves_a_freed_slot_to_a_request_waiting_warm_for_it() {
+    let r = router(1, 2);
+    let p = chat(&["x"]);
+    let node = r.fleet.nodes()[0].clone();
+    let candidate = &r.decide(&p).unwrap().ranked[0];
+    let running = r.try_dispatch(&node, &p).unwrap();
+    let warm = r.wait_ticket(&node, MODEL, true, 10).unwrap();
+    let _cold = r.wait_ticket(&node, MODEL, false, 10).unwrap();
+    assert_eq!(node.lock_books().models[MODEL].waiting_warm, 1);
+    // One slot free, one request waiting warm for it: a yielding request leaves it.
+    assert!(
+        r.try_send(candidate, &p, true).is_none(),
+        "left to the warm one"
+    );
+    // Two free, one warm waiter: one is left to take.
+    let other = r.try_dispatch(&node, &p).unwrap();
+    drop(running);
+    drop(other);
+    let taken = r
+        .try_send(candidate, &p, true)
+        .expect("a slot beyond the warm one's");
+    assert!(r.try_send(candidate, &p, true).is_none());
+    // Not yielding (warm itself, or waited long enough), it takes the slot.
+    let last = r.try_send(candidate, &p, false).expect("takes its turn");
+    drop((taken, last));
+    // The warm request decided: its claim goes with its ticket.
+    drop(warm);
+    assert_eq!(node.lock_books().models[MODEL].waiting_warm, 0);
+    assert!(r.try_send(candidate, &p, true).is_some());
+}
+
+#[test]
+fn a_cold_request_does_not_probe_into_a_slot_it_leaves_to_a_warm_waiter() {
+    // Not told its slots: believed to run one, probed one past that.
+    let r = router(1, 0);
+    let p = chat(&["x"]);
+    let node = r.fleet.nodes()[0].clone();
+    let candidate = &r.decide(&p).unwrap().ranked[0];
+    let _warm = r.wait_ticket(&node, MODEL, true, 10).unwrap();
+    assert!(
+        r.try_send(candidate, &p, true).is_none(),
+        "left to the warm one"
+    );
+    assert!(
+        r.try_probe(candidate, &p, true).is_none(),
+        "nor sent as a probe into it"
+    );
+    let running = r
+        .try_send(candidate, &p, false)
+        .expect("the warm one's turn");
+    // Full by belief: the slot a probe would find is the warm waiter's too.
+    assert!(r.try_probe(candidate, &p, true).is_none());
+    assert!(r.try_probe(candidate, &p, false).is_some());
+    drop(running);
+}
+
+#[test]
+fn a_warm_request_leaving_the_queue_wakes_those_that_left_it_a_slot() {
+    use futures::FutureExt;
+    let r = router(1, 1);
+    let node = r.fleet.nodes()[0].clone();
+    let listener = r.listen(MODEL, Requester::default());
+    let news = listener.news(&r.fleet.wakeups);
+    tokio::pin!(news);
+    r.wait_ticket(&node, MODEL, false, 10).unwrap().leave();
+    assert!(
+        news.as_mut().now_or_never().is_none(),
+        "a cold one: no news"
+    );
+    r.wait_ticket(&node, MODEL, true, 10).unwrap().leave();
+    assert!(news.as_mut().now_or_never().is_some(), "a warm one gave up");
+    assert_eq!(r.waiting(), 0);
+}
+
+/// Two empty 24 GB nodes with three 10 GB models on disk: each holds two of them.
+fn empty_pair() -> Arc<Router> {
+    let r = router(2, 2);
+    for node in r.fleet.nodes().iter() {
+        let mut inv = Inventory {
+            polled_at: Some(Instant::now()),
+            ..Default::default()
+        };
+        for m in ["x:1", "y:1", "z:1"] {
+            inv.on_disk.insert(m.into(), 10_000_000_000);
+        }
+        node.update_inventory(inv);
+    }
+    r
+}
+
+fn ask(model: &str, text: &str) -> Profile {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{ "role": "user", "content": text }],
+    });
+    Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+}
+
+/// Decides and sends as the forwarder does, under the placement lock.
+fn place(r: &Arc<Router>, p: &Profile) -> Dispatch {
+    let _placing = r.placement();
+    let d = r.decide(p).unwrap();
+    r.try_send(&d.ranked[0], p, false).unwrap()
+}
+
+#[test]
+fn requests_arriving_together_see_each_others_loads() {
+    let r = empty_pair();
+    let mut sent = Vec::new();
+    for (i, model) in ["x:1", "y:1", "z:1", "x:1", "y:1", "z:1"]
+        .iter()
+        .enumerate()
+    {
+        let d = place(&r, &ask(model, &format!("conversation {i}")));
+        sent.push((model.to_string(), d));
+    }
+    let node_of = |model: &str| -> Vec<u16> {
+        let mut ids: Vec<u16> = sent
+            .iter()
+            .filter(|(m, _)| m == model)
+            .map(|(_, d)| d.node.id)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
+    for model in ["x:1", "y:1", "z:1"] {
+        assert_eq!(node_of(model).len(), 1, "{model} loaded on one node only");
+    }
+    let loads = sent.iter().filter(|(_, d)| d.starts_load()).count();
+    assert_eq!(loads, 3, "each model loaded once");
+    for node in r.fleet.nodes().iter() {
+        let on_node = sent.iter().filter(|(_, d)| d.node.id == node.id);
+        let mut models: Vec<&str> = on_node.map(|(m, _)| m.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        assert!(models.len() <= 2, "{} asked for {models:?}", node.name());
+    }
+    // The reservation ends with its request; the model then counts as resident
+    // because the reply came from it.
+    let (model, mut first) = sent.remove(0);
+    first.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+    let node = first.node.clone();
+    drop(first);
+    let d = r.decide(&ask(&model, "later")).unwrap();
+    let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
+    assert!(c.resident && c.scores.model_loaded == 50.0);
+    assert!(node.lock_books().models[&model].loading.is_none());
+}
+
+#[test]
+fn what_a_poll_lists_stays_resident_and_later_replies_count_only_up_to_memory() {
+    let r = empty_pair();
+    let node = r.fleet.nodes()[0].clone();
+    // memory_gb says 24 GB, yet the poll lists 30 GB: the poll is believed.
+    let mut inv = (*node.inventory()).clone();
+    for m in ["x:1", "y:1", "z:1"] {
+        let size = 10_000_000_000;
+        let r = Resident {
+            size,
+            context_length: None,
+            expires_at: None,
+        };
+        inv.resident.insert(m.into(), r);
+    }
+    inv.polled_at = Some(Instant::now());
+    node.update_inventory(inv);
+    let loaded_on_0 = |model: &str| {
+        let d = r.decide(&ask(model, "q")).unwrap();
+        let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
+        c.resident
+    };
+    assert!(["x:1", "y:1", "z:1"].iter().all(|m| loaded_on_0(m)));
+
+    // Node 1 polled empty; replies then came from x, y and z in turn: only the two
+    // most recent fit its 24 GB, so x is taken as evicted.
+    let other = r.fleet.nodes()[1].clone();
+    for m in ["x:1", "y:1", "z:1"] {
+        std::thread::sleep(Duration::from_millis(2));
+        let mut d = r.try_dispatch(&other, &ask(m, "q")).unwrap();
+        d.finish(Outcome {
+            ok: true,
+            ..Default::default()
+        });
+    }
+    let held_on_1 = |model: &str| {
+        let d = r.decide(&ask(model, "q")).unwrap();
+        d.ranked.iter().any(|c| c.node.id == other.id && c.resident)
+    };
+    assert!(!held_on_1("x:1"));
+    assert!(held_on_1("y:1") && held_on_1("z:1"));
+}
+
+#[test]
+fn a_load_that_would_evict_a_busy_model_ranks_after_one_that_evicts_an_idle_one() {
+    let r = empty_pair();
+    let nodes = r.fleet.nodes();
+    // Each node holds two models; on node 0 both have requests running.
+    for (node, models) in nodes.iter().zip([["x:1", "y:1"], ["x:1", "y:1"]]) {
+        let mut inv = (*node.inventory()).clone();
+        for m in models {
+            inv.resident.insert(
+                m.into(),
+                Resident {
+                    size: 10_000_000_000,
+                    context_length: None,
+                    expires_at: None,
+                },
+            );
+        }
+        inv.polled_at = Some(Instant::now());
+        node.update_inventory(inv);
+    }
+    let _x = r.try_dispatch(&nodes[0], &ask("x:1", "a")).unwrap();
+    let _y = r.try_dispatch(&nodes[0], &ask("y:1", "b")).unwrap();
+    // Node 0 scores higher on every other count: a role names the model.
+    let mut settings = (*nodes[0].settings()).clone();
+    settings.roles = vec!["z:1".into()];
+    nodes[0].set_settings(settings);
+    let d = r.decide(&ask("z:1", "c")).unwrap();
+    assert!(d.ranked[0].scores.total() < d.ranked[1].scores.total());
+    assert_eq!(
+        d.ranked[0].node.id, nodes[1].id,
+        "idle models evicted instead"
+    );
+    assert!(d.ranked[1].evicts_busy && !d.ranked[0].evicts_busy);
+}
+
+#[test]
+fn down_nodes_rank_last_but_are_not_refused() {
+    let r = router(2, 2);
+    let nodes = r.fleet.nodes();
+    let rules = Rules::of(&r.config());
+    r.fleet.learn(&nodes[0], Evidence::Refused, &rules);
+    let d = r.decide(&chat(&["x"])).unwrap();
+    assert_eq!(d.ranked[0].node.id, nodes[1].id);
+    assert!(d.ranked[1].standby && !d.ranked[0].standby);
+    r.fleet.learn(&nodes[1], Evidence::Refused, &rules);
+    let d = r.decide(&chat(&["x"])).unwrap();
+    assert_eq!(
+        d.ranked.len(),
+        2,
+        "with every node down, still better than a refusal"
+    );
+    assert!(d.ranked.iter().all(|c| c.standby));
+}
+
+#[test]
+fn slower_node_is_penalized_by_what_it_showed() {
+    let r = router(2, 4);
+    let p = chat(&["x"]);
+    for (node, decode) in [(0, 100.0), (1, 25.0)] {
+        let mut d = r.try_dispatch(&r.fleet.nodes()[node], &p).unwrap();
+        d.finish(Outcome {
+            ok: true,
+            decode_tps: Some(decode),
+            ..Default::default()
+        });
+    }
+    let d = r.decide(&chat(&["y"])).unwrap();
+    let latency = |id: usize| {
+        d.ranked
+            .iter()
+            .find(|c| usize::from(c.node.id) == id)
+            .unwrap()
+            .scores
+            .latency
+    };
+    assert_eq!(latency(0), 0.0);
+    assert!((latency(1) + 15.0 * 0.75).abs() < 0.01, "{}", latency(1));
+}
+
+#[test]
+fn ties_break_the_same_way_every_time() {
+    let a = router(3, 2);
+    let b = router(3, 2);
+    for c in ["x", "y", "z", "w"] {
+        let p = chat(&[c]);
+        let pick = |r: &Arc<Router>| r.decide(&p).unwrap().ranked[0].node.id;
+        assert_eq!(pick(&a), pick(&b));
+    }
+}
+
+#[test]
+fn probes_go_one_past_what_a_node_not_told_its_slots_was_shown_to_run() {
+    // Not told (0): Ollama's default of 1 is believed until replies show more.
+    let r = router(1, 0);
+    let node = r.fleet.nodes()[0].clone();
+    let p = chat(&["a new conversation"]);
+    let decision = r.decide(&p).unwrap();
+    let candidate = &decision.ranked[0];
+    let counted = |r: &Arc<Router>| r.decide(&p).unwrap().ranked[0].scores.queue_depth;
+    let mut first = r.try_send(candidate, &p, false).expect("a slot free");
+    first.first_byte();
+    assert!(
+        r.try_send(candidate, &p, false).is_none(),
+        "believed to run one"
+    );
+    // Counted as running two while one is only a lower bound: no queue yet.
+    assert_eq!(counted(&r), 0.0);
+    let mut second = r.try_probe(candidate, &p, false).expect("probed");
+    assert!(r.try_probe(candidate, &p, false).is_none(), "two at most");
+    // Its first byte came while the first streamed: it runs two.
+    second.first_byte();
+    assert_eq!(node.parallel(), 2);
+    // Now up to three: one probe at a time, however many it was shown to run.
+    let mut third = r.try_probe(candidate, &p, false).expect("probed");
+    assert!(r.try_probe(candidate, &p, false).is_none(), "three at most");
+    third.first_byte();
+    assert_eq!(node.parallel(), 3);
+    assert_eq!(counted(&r), 0.0, "counted as running four");
+    // A probe sent past three that begins beside two: either it ran beside one that
+    // ended first, or the node queued it. Its reply's durations tell.
+    let reply = |prefill_ms: u64| {
+        let json = format!(
+            r#"{{"done":true,"prompt_eval_count":12,"prompt_eval_duration":{},"eval_count":5,"eval_duration":1000000}}"#,
+            prefill_ms * 1_000_000
+        );
+        ReplyStats::parse(json.as_bytes()).unwrap()
+    };
+    let step = Duration::from_millis(20);
+    let mut ran_at_once = r.try_probe(candidate, &p, false).expect("probed");
+    std::thread::sleep(step);
+    drop(second);
+    ran_at_once.first_byte();
+    // All of its time to first byte (at least 20 ms) was prefill: it ran at once.
+    ran_at_once.observe(&reply(1_000));
+    assert_eq!(counted(&r), 0.0, "still a lower bound");
+    drop(ran_at_once);
+    let mut queued = r.try_probe(candidate, &p, false).expect("probed");
+    std::thread::sleep(step);
+    drop(first);
+    queued.first_byte();
+    // 20 ms or more to its first byte, 1 ms of prefill: it waited for a slot.
+    queued.observe(&reply(1));
+    assert_eq!(node.parallel(), 3);
+    // Settled at three: with three running, a fourth would wait.
+    let _another = r
+        .try_send(candidate, &p, false)
+        .expect("two running, a slot free");
+    assert!(counted(&r) < 0.0, "three running on three");
+}
+
+#[test]
+fn a_probe_past_the_known_slots_takes_the_slot_that_frees_first_once_shown_queued() {
+    // Old runner, slots not told: one slot believed. "a" runs in it when "b" is sent
+    // past it as a probe; the node runs b in another slot or queues it, and a keeps
+    // its slot either way.
+    let r = router_with(1, 0, false, NodeKind::OllamaLegacy);
+    let node = r.fleet.nodes()[0].clone();
+    let (a, b) = (chat(&["a"]), chat(&["b"]));
+    let decision = r.decide(&a).unwrap();
+    let candidate = &decision.ranked[0];
+    let mut first = r.try_send(candidate, &a, false).expect("a slot free");
+    r.commit(&mut first, &a, &decision);
+    first.first_byte();
+    let decision_b = r.decide(&b).unwrap();
+    let mut probe = r.try_probe(candidate, &b, false).expect("probed");
+    r.commit(&mut probe, &b, &decision_b);
+    assert_eq!(node.lock_books().models[MODEL].slots.len(), 2);
+    let follow_up = |name: &str| {
+        let d = r.decide(&chat(&[name, "reply", "more"])).unwrap();
+        (d.pin.map(|p| p.node), d.affinity_for(0))
+    };
+    assert_eq!(follow_up("a"), (Some(0), AffinityResult::Hit));
+    // b is pinned (the node is the only one that may hold it), but in a slot the node
+    // has not shown it runs: not expected warm.
+    assert_eq!(follow_up("b"), (Some(0), AffinityResult::Miss));
+    // b began only once a had ended: the node queued it, gave it the slot a freed, and
+    // so runs one slot. a is gone from the node; b is warm in that slot.
+    drop(first);
+    probe.first_byte();
+    assert_eq!(follow_up("a"), (None, AffinityResult::Miss));
+    assert_eq!(follow_up("b"), (Some(0), AffinityResult::Hit));
+    drop(probe);
+    serve(&r, &chat(&["c"]), 0);
+    assert_eq!(node.parallel(), 1);
+    assert_eq!(node.lock_books().models[MODEL].slots.len(), 1);
+}
+
+#[test]
+fn a_probe_that_begins_beside_the_known_slots_keeps_its_own() {
+    let r = router_with(1, 0, false, NodeKind::OllamaLegacy);
+    let (a, b) = (chat(&["a"]), chat(&["b"]));
+    let decision = r.decide(&a).unwrap();
+    let candidate = &decision.ranked[0];
+    let mut first = r.try_send(candidate, &a, false).expect("a slot free");
+    r.commit(&mut first, &a, &decision);
+    first.first_byte();
+    let decision_b = r.decide(&b).unwrap();
+    let mut probe = r.try_probe(candidate, &b, false).expect("probed");
+    r.commit(&mut probe, &b, &decision_b);
+    // b began while a streamed: the node runs both, each in its own slot.
+    probe.first_byte();
+    drop((first, probe));
+    for name in ["a", "b"] {
+        let d = r.decide(&chat(&[name, "reply", "more"])).unwrap();
+        assert_eq!(d.affinity_for(0), AffinityResult::Hit, "{name}");
+    }
+}
+
+#[test]
+fn a_new_conversations_first_token_gives_the_nodes_cold_rate_before_its_reply_ends() {
+    let r = router(1, 1);
+    let node = r.fleet.nodes()[0].clone();
+    let cold_rate = || node.lock_books().models[MODEL].warm.cold_rate.get();
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{ "role": "user", "content": "x".repeat(4_000) }],
+        "stream": true,
+    });
+    let p = Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap();
+    let decision = r.decide(&p).unwrap();
+    let mut d = r.try_dispatch(&node, &p).unwrap();
+    r.commit(&mut d, &p, &decision);
+    assert_eq!(cold_rate(), None);
+    let step = Duration::from_millis(20);
+    std::thread::sleep(step);
+    d.first_byte();
+    // Its whole prompt (about 1,000 tokens) in at least 20 ms.
+    let rate = cold_rate().expect("known at the first token");
+    assert!(rate > 0.0 && rate <= p.prompt_tokens as f64 / step.as_secs_f64());
+}
