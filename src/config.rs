@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fleet::kind::NodeKind;
-
 /// Pingora's own limit on a request head (`MAX_HEADER_SIZE` in pingora-core); corral reads
 /// the head first and refuses anything larger, so its limit may not exceed this one.
 pub const PINGORA_MAX_HEADER_BYTES: usize = 1_048_575;
@@ -460,7 +458,7 @@ impl Config {
                 if !node.url.starts_with("https://") {
                     return Err(format!("{at}.ca_file: only for an https:// url"));
                 }
-                crate::fleet::roots_with(Path::new(path))
+                crate::tls::roots_with(Path::new(path))
                     .map_err(|e| format!("{at}.ca_file: {e}"))?;
             }
         }
@@ -730,6 +728,34 @@ mod shipped {
         let c = super::Config::load(&path).expect("conf/corral.yaml is valid");
         assert_eq!(c.nodes.len(), 3);
         assert_eq!(c.weights, super::Weights::default());
+    }
+}
+
+/// The configured kind of a node; `auto` (the default) detects it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeKind {
+    #[default]
+    Auto,
+    /// Ollama 0.30 or later: llama-server runner, host prompt cache.
+    Ollama,
+    /// Ollama before 0.30: its own runner, slots only.
+    OllamaLegacy,
+    /// A llama.cpp server used directly.
+    LlamaCpp,
+    /// Another OpenAI-compatible server reporting cached tokens.
+    Openai,
+}
+
+impl NodeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Auto => "unknown",
+            NodeKind::Ollama => "ollama",
+            NodeKind::OllamaLegacy => "ollama-legacy",
+            NodeKind::LlamaCpp => "llama-cpp",
+            NodeKind::Openai => "openai",
+        }
     }
 }
 

@@ -18,3 +18,4 @@ pub mod routing;
 pub mod server;
 #[cfg(feature = "demo")]
 pub mod standin;
+pub mod tls;

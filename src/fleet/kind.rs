@@ -12,35 +12,9 @@
 //! - Other OpenAI-compatible servers (vLLM, SGLang) report
 //!   `usage.prompt_tokens_details.cached_tokens`.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-/// The configured kind of a node; `auto` (the default) detects it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum NodeKind {
-    #[default]
-    Auto,
-    /// Ollama 0.30 or later: llama-server runner, host prompt cache.
-    Ollama,
-    /// Ollama before 0.30: its own runner, slots only.
-    OllamaLegacy,
-    /// A llama.cpp server used directly.
-    LlamaCpp,
-    /// Another OpenAI-compatible server reporting cached tokens.
-    Openai,
-}
-
-impl NodeKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeKind::Auto => "unknown",
-            NodeKind::Ollama => "ollama",
-            NodeKind::OllamaLegacy => "ollama-legacy",
-            NodeKind::LlamaCpp => "llama-cpp",
-            NodeKind::Openai => "openai",
-        }
-    }
-}
+pub use crate::config::NodeKind;
 
 /// What an Ollama reply's `prompt_eval_count` counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -13,8 +13,9 @@ mod health;
 pub mod kind;
 mod node;
 mod poller;
-mod tls;
+pub mod reply;
 mod wake;
+pub mod warm;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -25,7 +26,7 @@ pub use check::Checker;
 pub use health::{Evidence, Rules, State};
 pub use node::{Books, Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
 pub use poller::Poller;
-pub use tls::roots_with;
+pub use reply::ReplyStats;
 pub use wake::{Listener, Requester, Wakeups};
 
 use crate::config::{Config, NodeConfig};

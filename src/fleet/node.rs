@@ -14,8 +14,8 @@ use pingora_core::upstreams::peer::HttpPeer;
 
 use super::health::{Evidence, Health, Rules, State};
 use super::kind::KindState;
+use super::warm::WarmState;
 use crate::config::{NodeConfig, NodeTarget};
-use crate::routing::warm::WarmState;
 
 /// What the poller last read from the node's `/api/tags` and `/api/ps`.
 #[derive(Clone, Debug, Default)]
@@ -243,7 +243,7 @@ impl Node {
     pub fn new(id: u16, config: NodeConfig) -> Result<Node, String> {
         let target = config.target()?;
         let ca = match &config.ca_file {
-            Some(path) if target.tls => Some(super::tls::roots_with(path.as_ref())?),
+            Some(path) if target.tls => Some(crate::tls::roots_with(path.as_ref())?),
             _ => None,
         };
         let resolved = target.resolve_blocking();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RequestCtx;
-use super::reply::{Reading, ReplyStats, Tail};
 use super::usage::TokenUsage;
+use crate::fleet::reply::{Reading, ReplyStats, Tail};
 use crate::fleet::{Fleet, Node};
 use crate::metrics::Metrics;
 use crate::request::Profile;
@@ -250,8 +250,8 @@ mod tests {
 
     #[test]
     fn a_generation_counts_its_cache_measurement() {
+        use crate::fleet::warm::{Measured, Observed};
         use crate::routing::AffinityResult;
-        use crate::routing::warm::{Measured, Observed};
         // Ollama >= 0.30.1 counts cached and evaluated tokens together: the measurement,
         // not the raw count, says how many were evaluated.
         let reply = stats(r#"{"prompt_eval_count": 1000, "prompt_eval_duration": 10}"#);

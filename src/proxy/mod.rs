@@ -16,7 +16,6 @@ mod head;
 mod headers;
 mod local;
 mod relay;
-pub mod reply;
 mod respond;
 mod usage;
 
@@ -38,7 +37,6 @@ use crate::routing::Router;
 pub use access::{bearer, same_secret};
 pub use access_log::AccessLog;
 pub use head::ClientConnections;
-pub use reply::ReplyStats;
 
 /// The corral proxy service.
 pub struct Corral {

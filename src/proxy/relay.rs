@@ -20,9 +20,9 @@ use pingora_proxy::Session;
 
 use super::batch;
 use super::headers;
-use super::reply::Tail;
 use crate::config::Timeouts;
 use crate::fleet::Node;
+use crate::fleet::reply::Tail;
 use crate::request::ErrorShape;
 
 /// How long an idle pooled connection to a node is kept.

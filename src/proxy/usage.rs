@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::reply::{ReplyStats, Tail, objects_from_the_end};
+use crate::fleet::reply::{ReplyStats, Tail, objects_from_the_end};
 
 /// How many JSON objects from the end are looked at: usage is in the last two of every API.
 const LOOK_BACK: usize = 8;

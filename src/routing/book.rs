@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use hashbrown::HashMap;
 
 use super::slots::{SlotPolicy, choose_slot, first_freed_since};
-use super::warm::{HostEntry, Measured, Observed, measure};
 use super::{AffinityResult, Candidate, Decision, Entry, HostProbe, Router};
 use crate::fleet::kind::Counting;
+use crate::fleet::reply::{Reading, ReplyStats};
+use crate::fleet::warm::{HostEntry, Measured, Observed, measure};
 use crate::fleet::{Evidence, ModelState, Node, Rules, Slot};
-use crate::proxy::reply::{Reading, ReplyStats};
 use crate::request::Profile;
 
 impl Router {

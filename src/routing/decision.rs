@@ -19,7 +19,7 @@ pub struct Pin {
     pub continues: bool,
     /// The prefix is not in a slot but saved in the node's host-memory prompt cache.
     pub in_host: bool,
-    /// corral expects the node to hold it still ([`warm::HostPlace::expected`]): always in
+    /// corral expects the node to hold it still ([`crate::fleet::warm::HostPlace::expected`]): always in
     /// a slot; in the host cache, by what replies have shown of its capacity.
     pub expected: bool,
 }

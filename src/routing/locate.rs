@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use super::slots::{SlotPolicy, choose_slot, is_warm};
-use super::warm::{HostEntry, HostPlace};
 use super::{HostProbe, Pin, Router};
+use crate::fleet::warm::{HostEntry, HostPlace};
 use crate::request::Profile;
 
 impl Router {

@@ -16,7 +16,6 @@ pub mod signals;
 mod slots;
 mod stay;
 pub mod view;
-pub mod warm;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +30,7 @@ pub use score::Scores;
 pub use stay::yields_to_warm;
 
 use crate::config::Config;
+use crate::fleet::warm::PeerCapacities;
 use crate::fleet::{Fleet, Listener, Requester};
 use crate::request::Profile;
 use view::{ModelSizes, NodeView};
@@ -53,7 +53,7 @@ pub struct Router {
     /// Probes of how many requests each node runs at once ([`parallel`]).
     probes: parallel::Probes,
     /// Host-cache capacities the nodes' replies have shown, per model.
-    peer_capacities: warm::PeerCapacities,
+    peer_capacities: PeerCapacities,
 }
 
 impl Router {
@@ -70,7 +70,7 @@ impl Router {
             placement: parking_lot::Mutex::new(()),
             turn_gaps: placement::TurnGaps::default(),
             probes: parallel::Probes::default(),
-            peer_capacities: warm::PeerCapacities::default(),
+            peer_capacities: PeerCapacities::default(),
         }
     }
 

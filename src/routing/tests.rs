@@ -1,14 +1,13 @@
 //! The router's decisions and books together: requests decided, counted on their nodes, sent,
 //! answered and finished as the proxy does it, checked against what corral then knows.
 
-use super::warm::Capacity;
-use super::warm::Observed;
 use super::*;
 use crate::config::{NodeConfig, Weights};
+use crate::fleet::ReplyStats;
 use crate::fleet::kind::NodeKind;
+use crate::fleet::warm::{Capacity, Observed};
 use crate::fleet::{Evidence, Rules};
 use crate::fleet::{Inventory, Resident};
-use crate::proxy::reply::ReplyStats;
 use crate::request::Endpoint;
 
 const MODEL: &str = "llama3:8b";

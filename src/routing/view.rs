@@ -60,7 +60,7 @@ pub struct Moment {
     /// turn, nothing says that conversations continue, and only those running count live.
     pub pause_known: bool,
     /// What other nodes' host caches were shown to keep of the requested model
-    /// ([`super::warm::PeerCapacities`]).
+    /// ([`crate::fleet::warm::PeerCapacities`]).
     pub peer_capacity: Option<u64>,
 }
 

@@ -16,9 +16,9 @@ use std::time::Instant;
 
 use hashbrown::HashMap;
 
-use crate::fleet::kind::Counting;
-use crate::fleet::{Ewma, Slot};
-use crate::proxy::reply::Reading;
+use super::kind::Counting;
+use super::reply::Reading;
+use super::{Ewma, Slot};
 
 /// How many prompt tokens a reply was served from cache, as measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-pub use crate::fleet::kind::ReplyShape;
+pub use super::kind::ReplyShape;
 
 /// What one reply says about its prompt tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
