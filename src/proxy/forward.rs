@@ -149,110 +149,85 @@ impl Forwarder {
                 Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
                 Err(e) => return refuse(session, ctx, e.clone(), config).await,
             };
-            let (candidate, dispatch) = match picked {
+            let (best, awaited) = match picked {
                 Pick::Send(candidate, dispatch) => {
                     listener.sent(candidate.node.id, handoff);
-                    (candidate, dispatch)
-                }
-                Pick::Exhausted if failures.iter().all(|f| f.error.unreachable()) => {
-                    // Nothing listens anywhere: the fleet is restarting, or starting with
-                    // corral. Wait for a node to come back rather than refuse, counted as
-                    // waiting (for the best-ranked node) like any other wait.
-                    let max = config.queue.max_waiting;
-                    let best = decision.ranked.first().map(|c| &c.node);
-                    waiting = best.and_then(|n| {
-                        let warm = decision.warm_on(n.id);
-                        listener.waits(n.id, warm, handoff);
-                        router.wait_ticket(n, &profile.model_key, warm, max)
-                    });
-                    if waiting.is_none() {
-                        let message = "too many requests are waiting for a node";
-                        return busy(session, ctx, message, config).await;
-                    }
-                    waiting_since.get_or_insert_with(Instant::now);
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match race(session, left, news).await {
-                        Wait::Done(()) => {
-                            failures.clear();
+                    let attempt = Attempt {
+                        router,
+                        config,
+                        candidate,
+                        decision,
+                        profile,
+                        retries,
+                        waited: waiting_since.take().map_or(Duration::ZERO, |t| t.elapsed()),
+                    };
+                    let result = self.attempt(session, ctx, body, attempt, dispatch).await;
+                    listener.ended();
+                    match result {
+                        Ok(result) => return result,
+                        Err(error) => {
+                            retries += 1;
+                            failures.push(Failure {
+                                node: candidate.node.id,
+                                name: candidate.node.name().to_string(),
+                                error,
+                            });
                             continue;
                         }
-                        Wait::TimedOut => {
-                            let message =
-                                "every node refused the connection, and none came back in time";
-                            return busy(session, ctx, message, config).await;
-                        }
-                        Wait::ClientGone => {
-                            ctx.client_gone = true;
-                            return Ok(());
-                        }
                     }
+                }
+                // Nothing listens anywhere: the fleet is restarting, or starting with corral.
+                // Wait for a node to come back rather than refuse, counted as waiting (for the
+                // best-ranked node) like any other wait.
+                Pick::Exhausted if failures.iter().all(|f| f.error.unreachable()) => {
+                    (decision.ranked.first(), Awaited::NodeBack)
                 }
                 Pick::Exhausted => return fail(session, ctx, &failures).await,
-                Pick::Wait(best) => {
-                    let max = config.queue.max_waiting;
-                    let warm = decision.warm_on(best.node.id);
-                    if let Some(h) = &handoff {
-                        log::debug!(
-                            "{}: declines a slot on {}, waits for {}{}: {:?}",
-                            ctx.client.label(),
-                            h.node_name(),
-                            best.node.name(),
-                            if warm { " (warm)" } else { "" },
-                            crate::routing::score::explain(
-                                decision.ranked.iter().map(|c| (c.node.name(), &c.scores))
-                            )
-                        );
-                    }
-                    listener.waits(best.node.id, warm, handoff);
-                    waiting = router.wait_ticket(&best.node, &profile.model_key, warm, max);
-                    if waiting.is_none() {
-                        let message = "too many requests are waiting for a node";
-                        return busy(session, ctx, message, config).await;
-                    }
-                    waiting_since.get_or_insert_with(Instant::now);
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let news_or_relook = tokio::time::timeout(RELOOK, news);
-                    match race(session, left, news_or_relook).await {
-                        Wait::Done(_) => continue,
-                        Wait::TimedOut => {
-                            if let Some(ticket) = waiting.take() {
-                                ticket.leave();
-                            }
-                            let message = "no node had a free slot in time";
-                            return busy(session, ctx, message, config).await;
-                        }
-                        Wait::ClientGone => {
-                            if let Some(ticket) = waiting.take() {
-                                ticket.leave();
-                            }
-                            ctx.client_gone = true;
-                            return Ok(());
-                        }
-                    }
-                }
+                Pick::Wait(best) => (Some(best), Awaited::Slot),
             };
-            let attempt = Attempt {
-                router,
-                config,
-                candidate,
-                decision,
-                profile,
-                retries,
-                waited: waiting_since.take().map_or(Duration::ZERO, |t| t.elapsed()),
-            };
-            let result = self.attempt(session, ctx, body, attempt, dispatch).await;
-            listener.ended();
-            match result {
-                Ok(result) => return result,
-                Err(error) => {
-                    retries += 1;
-                    failures.push(Failure {
-                        node: candidate.node.id,
-                        name: candidate.node.name().to_string(),
-                        error,
-                    });
-                }
+            if let (Some(h), Some(best)) = (&handoff, best) {
+                log::debug!(
+                    "{}: declines a slot on {}, waits for {}: {:?}",
+                    ctx.client.label(),
+                    h.node_name(),
+                    best.node.name(),
+                    crate::routing::score::explain(
+                        decision.ranked.iter().map(|c| (c.node.name(), &c.scores))
+                    )
+                );
             }
+            let max = config.queue.max_waiting;
+            waiting = best.and_then(|c| {
+                let warm = decision.warm_on(c.node.id);
+                listener.waits(c.node.id, warm, handoff);
+                router.wait_ticket(&c.node, &profile.model_key, warm, max)
+            });
+            if waiting.is_none() {
+                let message = "too many requests are waiting for a node";
+                return busy(session, ctx, message, config).await;
+            }
+            waiting_since.get_or_insert_with(Instant::now);
+            let left = deadline.saturating_duration_since(Instant::now());
+            let news_or_relook = tokio::time::timeout(RELOOK, news);
+            let gone = match race(session, left, news_or_relook).await {
+                // News came: where every node refused, they may all be worth trying again.
+                Wait::Done(Ok(())) if awaited == Awaited::NodeBack => {
+                    failures.clear();
+                    continue;
+                }
+                Wait::Done(_) => continue,
+                Wait::TimedOut => None,
+                Wait::ClientGone => Some(()),
+            };
+            // Leaving the queue: requests that left a slot to this one look again.
+            if let Some(ticket) = waiting.take() {
+                ticket.leave();
+            }
+            if gone.is_some() {
+                ctx.client_gone = true;
+                return Ok(());
+            }
+            return busy(session, ctx, awaited.gave_up(), config).await;
         }
     }
 
@@ -473,6 +448,25 @@ enum Pick<'d> {
     Wait(&'d Candidate),
     /// Every candidate has been tried.
     Exhausted,
+}
+
+/// What a waiting request waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Awaited {
+    /// A free slot on its best node, or a change in the ranking.
+    Slot,
+    /// Any node, after every node it tried refused the connection.
+    NodeBack,
+}
+
+impl Awaited {
+    /// The 503's message when the wait ran out.
+    fn gave_up(self) -> &'static str {
+        match self {
+            Awaited::Slot => "no node had a free slot in time",
+            Awaited::NodeBack => "every node refused the connection, and none came back in time",
+        }
+    }
 }
 
 /// Follows the ranking: the best candidate not tried yet. Standby nodes (failing checks,
