@@ -41,6 +41,11 @@ pub struct KindState {
 }
 
 impl KindState {
+    /// The node may keep a host-memory prompt cache: not known not to (the old runner).
+    pub fn may_keep_host_cache(&self) -> bool {
+        self.host_cache != Some(false)
+    }
+
     /// The state implied by a configured kind; `auto` knows nothing yet.
     pub fn configured(kind: NodeKind) -> KindState {
         let (counting, host_cache) = match kind {

@@ -139,6 +139,18 @@ pub struct ModelState {
     pub warm: WarmState,
 }
 
+impl ModelState {
+    /// Requests run or wait for the model here.
+    pub fn busy(&self) -> bool {
+        self.in_flight + self.waiting > 0
+    }
+
+    /// Requests running or waiting for the model here.
+    pub fn depth(&self) -> u32 {
+        self.in_flight + self.waiting
+    }
+}
+
 /// A node: its configuration, its health handle, and the state corral keeps for it.
 pub struct Node {
     /// Stable for the node's life, never reused: affinity entries name nodes by it.

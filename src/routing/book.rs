@@ -570,7 +570,7 @@ impl Dispatch {
             }
             // What an old runner's replies show says nothing of a host cache: it has none.
             let shown = match prediction.probe {
-                Some(probe) if books.kind.host_cache != Some(false) => {
+                Some(probe) if books.kind.may_keep_host_cache() => {
                     (state.warm.host).learn(probe.needed, probe.newer as usize, observed);
                     Some(state.warm.host.shown_limit())
                 }

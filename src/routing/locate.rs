@@ -33,7 +33,7 @@ impl Router {
             let found = node.and_then(|node| {
                 let slots = node.parallel();
                 node.books(|books| {
-                    let host_allowed = books.kind.host_cache != Some(false);
+                    let host_allowed = books.kind.may_keep_host_cache();
                     let state = books.models.get(&p.model_key)?;
                     // A slot past those the node was shown to run is one the mirror gave a
                     // request sent past them: the node may have queued it and given it a

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::fleet::{Ewma, Node, Slot};
+use crate::fleet::{Ewma, ModelState, Node, Slot};
 
 /// One model a node may hold.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -200,22 +200,14 @@ pub fn weigh_victims(memory_fit: f64, victim_use: u32) -> f64 {
 /// last poll listed that no request runs or waits for there: what a load there may evict.
 pub(super) fn idle_models_use(nodes: &[Arc<Node>], node: &Node) -> Vec<u32> {
     let inv = node.inventory();
-    let busy = |state: Option<&crate::fleet::ModelState>| {
-        state.is_some_and(|s| s.in_flight + s.waiting > 0)
-    };
+    let busy = |state: Option<&ModelState>| state.is_some_and(ModelState::busy);
     let idle: Vec<&str> = node.books(|books| {
         let resident = inv.resident.keys().map(String::as_str);
         resident.filter(|m| !busy(books.models.get(*m))).collect()
     });
     let use_of = |model: &str| -> u32 {
-        let on = |n: &Arc<Node>| {
-            n.books(|books| {
-                books
-                    .models
-                    .get(model)
-                    .map_or(0, |s| s.in_flight + s.waiting)
-            })
-        };
+        let on =
+            |n: &Arc<Node>| n.books(|books| books.models.get(model).map_or(0, ModelState::depth));
         nodes.iter().map(on).sum()
     };
     idle.into_iter().map(use_of).collect()

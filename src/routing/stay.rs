@@ -13,9 +13,7 @@ use std::time::Duration;
 /// Seconds until a request would start on a node running `depth` requests (running or
 /// waiting for it) with `parallel` slots, each request taking `service_s` seconds.
 pub fn expected_wait(depth: u32, parallel: usize, service_s: f64) -> f64 {
-    let parallel = parallel.max(1) as f64;
-    let ahead = (f64::from(depth) + 1.0 - parallel).max(0.0);
-    ahead * service_s / parallel
+    super::signals::queue(depth, parallel) * service_s
 }
 
 /// Seconds a move would cost: the uncached prompt at the other node's cold prefill rate,

@@ -158,7 +158,7 @@ impl ModelView {
         policy: SlotPolicy,
         at: &Moment,
     ) -> ModelView {
-        let host_allowed = books.kind.host_cache != Some(false);
+        let host_allowed = books.kind.may_keep_host_cache();
         // Nothing sent here yet for the model: read as empty, with all its slots and host
         // cache for room (a view of nothing would offer no warm room at all, and a node
         // that has not served the model would never be a new conversation's home).
@@ -282,7 +282,7 @@ fn node_memory(
     let mut held = Vec::with_capacity(inv.resident.len() + 1);
     for (name, r) in &inv.resident {
         let state = models.get(name);
-        let busy = state.is_some_and(|s| s.in_flight + s.waiting > 0);
+        let busy = state.is_some_and(ModelState::busy);
         let served = state.and_then(|s| s.last_success);
         held.push(placement::Held {
             model: name,
@@ -308,7 +308,7 @@ fn node_memory(
                 size: sizes.of(name).unwrap_or(0),
                 certain: running,
                 seen: state.last_success,
-                busy: state.in_flight + state.waiting > 0,
+                busy: state.busy(),
             });
         }
     }
