@@ -102,6 +102,40 @@ async fn one_keys_burst_does_not_hold_back_another_keys_turn() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_keys_requests_wait_for_an_interactive_keys() {
+    let node = one_slot_node().await;
+    let keys = "api_keys:\n  - {name: chat, key: kc}\n  - {name: jobs, key: kj, priority: batch}\n";
+    let router = Router::start(vec![NodeSpec::of(&node, 1)], keys).await;
+
+    // The chat key runs a request first: it has had more than the jobs key, which a fair
+    // share alone would now serve first.
+    let first = tokio::spawn(chat_as(router.url(), "kc", "first question".into()));
+    eventually("the chat key's request runs", async || {
+        node.log().len() == 1
+    })
+    .await;
+    let jobs: Vec<_> = (0..4)
+        .map(|i| tokio::spawn(chat_as(router.url(), "kj", format!("job {i}"))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, chat_done) = chat_as(router.url(), "kc", "second question".into()).await;
+    assert_eq!(status, 200);
+    assert_eq!(first.await.expect("the first request ran").0, 200);
+    let mut before = 0;
+    for job in jobs {
+        let (status, done) = job.await.expect("a job ran");
+        assert_eq!(status, 200);
+        before += usize::from(done < chat_done);
+    }
+    // The slot the first request frees goes to the interactive key: no job before it (one
+    // at the edge of a reply's end).
+    assert!(
+        before <= 1,
+        "{before} of 4 jobs ended before the chat key's turn"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_over_its_limits_is_refused_until_reloaded() {
     let node = one_slot_node().await;
     let metrics_port = free_port();
