@@ -127,12 +127,11 @@ async fn a_batch_keys_requests_wait_for_an_interactive_keys() {
         assert_eq!(status, 200);
         before += usize::from(done < chat_done);
     }
-    // The slot the first request frees goes to the interactive key: no job before it (one
-    // at the edge of a reply's end).
-    assert!(
-        before <= 1,
-        "{before} of 4 jobs ended before the chat key's turn"
-    );
+    // The slot the first request frees goes to the interactive key: no job before it. The
+    // fair share alone gives the same order in some runs (which client a freed slot meets
+    // first depends on when the first reply's charge is settled), so this checks the class
+    // end to end; fleet/wake.rs's unit test is the one that fails without it.
+    assert_eq!(before, 0, "jobs ended before the chat key's turn");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
