@@ -14,6 +14,7 @@
 //! whether it evaluates a prompt or decodes, and a decoded token costs a slot tens of times
 //! a prompt token's time.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,23 @@ const REMEMBERED: usize = 65_536;
 /// Weight of the newest request in a client's mean slot time.
 const MEAN_WEIGHT: f64 = 0.2;
 
+/// Who shares the fleet's slots: a named API key, else the client's address.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ClientId {
+    Key(Arc<str>),
+    Address(IpAddr),
+    /// Neither (a client on a Unix socket).
+    #[default]
+    Unknown,
+}
+
+impl From<&str> for ClientId {
+    /// The named key `name`.
+    fn from(name: &str) -> ClientId {
+        ClientId::Key(name.into())
+    }
+}
+
 #[derive(Default)]
 pub struct FairShare {
     book: Mutex<Book>,
@@ -34,7 +52,7 @@ pub struct FairShare {
 
 #[derive(Default)]
 struct Book {
-    clients: HashMap<Arc<str>, Account>,
+    clients: HashMap<ClientId, Account>,
     /// The least virtual time among active clients when one was last active: where a client
     /// starts when it becomes active again while no other is.
     floor: f64,
@@ -87,7 +105,7 @@ impl Eq for Standing {}
 /// the request's part; [`Member::start`] charges a slot's use.
 pub struct Member {
     share: Arc<FairShare>,
-    client: Arc<str>,
+    client: ClientId,
     /// The estimate charged when the request started, and when, until settled. Locked:
     /// a waiting request lends its listener out while it waits for news.
     charged: Mutex<Option<(f64, Instant)>>,
@@ -95,13 +113,13 @@ pub struct Member {
 
 impl FairShare {
     /// A request of `client` arrives: the client is active until every such member drops.
-    pub fn join(self: &Arc<Self>, client: Arc<str>) -> Member {
+    pub fn join(self: &Arc<Self>, client: ClientId) -> Member {
         let mut book = self.book.lock();
         let floor = book.active_floor().unwrap_or(book.floor);
         if book.clients.len() >= REMEMBERED {
             book.clients.retain(|_, a| a.active > 0);
         }
-        let account = book.clients.entry_ref(&client).or_default();
+        let account = book.clients.entry(client.clone()).or_default();
         if account.active == 0 {
             account.used = account.used.max(floor);
         }
@@ -116,19 +134,19 @@ impl FairShare {
 
     /// Where `client` stands now; a client not active stands where it would start.
     #[cfg(test)]
-    pub fn standing(&self, client: &str) -> Standing {
+    pub fn standing(&self, client: &ClientId) -> Standing {
         self.book.lock().standing(client)
     }
 
     /// Runs `f` with where each client stands, all read at one instant.
-    pub fn standings<R>(&self, f: impl FnOnce(&dyn Fn(&str) -> Standing) -> R) -> R {
+    pub fn standings<R>(&self, f: impl FnOnce(&dyn Fn(&ClientId) -> Standing) -> R) -> R {
         let book = self.book.lock();
         f(&|client| book.standing(client))
     }
 }
 
 impl Book {
-    fn standing(&self, client: &str) -> Standing {
+    fn standing(&self, client: &ClientId) -> Standing {
         match self.clients.get(client) {
             Some(a) if a.active > 0 => Standing {
                 used: a.used,
@@ -157,7 +175,7 @@ impl Member {
     pub fn start(&self) {
         let mut book = self.share.book.lock();
         let typical = book.typical.unwrap_or(0.0);
-        if let Some(account) = book.clients.get_mut(&*self.client) {
+        if let Some(account) = book.clients.get_mut(&self.client) {
             let estimate = account.mean.unwrap_or(typical);
             account.used += estimate;
             account.running += 1;
@@ -181,7 +199,7 @@ impl Member {
         let mut book = self.share.book.lock();
         let typical = book.typical.map_or(held, |t| mean(t, held));
         book.typical = Some(typical);
-        if let Some(account) = book.clients.get_mut(&*self.client) {
+        if let Some(account) = book.clients.get_mut(&self.client) {
             account.used += held - estimate;
             account.running = account.running.saturating_sub(1);
             account.mean = Some(account.mean.map_or(held, |m| mean(m, held)));
@@ -198,7 +216,7 @@ impl Drop for Member {
         self.settle();
         let mut book = self.share.book.lock();
         let floor = book.active_floor();
-        if let Some(account) = book.clients.get_mut(&*self.client) {
+        if let Some(account) = book.clients.get_mut(&self.client) {
             account.active = account.active.saturating_sub(1);
         }
         if let Some(floor) = floor {
@@ -207,11 +225,11 @@ impl Drop for Member {
         // Forget an idle client that is owed nothing and owes nothing: it would come back at
         // the floor anyway.
         let floor = book.active_floor().unwrap_or(book.floor);
-        if let Some(account) = book.clients.get(&*self.client)
+        if let Some(account) = book.clients.get(&self.client)
             && account.active == 0
             && account.used <= floor
         {
-            book.clients.remove(&*self.client);
+            book.clients.remove(&self.client);
         }
     }
 }
@@ -235,7 +253,7 @@ mod tests {
         let person = s.join("person".into());
         agent.start();
         agent.settle_held(secs(3.0));
-        assert!(s.standing("person") < s.standing("agent"));
+        assert!(s.standing(&"person".into()) < s.standing(&"agent".into()));
         drop(person);
     }
 
@@ -248,12 +266,12 @@ mod tests {
         // The next one is charged the client's mean (2 s) while it runs...
         let second = s.join("a".into());
         second.start();
-        assert_eq!(s.standing("a").used, 4.0);
-        assert_eq!(s.standing("a").running, 1);
+        assert_eq!(s.standing(&"a".into()).used, 4.0);
+        assert_eq!(s.standing(&"a".into()).running, 1);
         // ...and settled to the 1 s it took.
         second.settle_held(secs(1.0));
-        assert_eq!(s.standing("a").used, 3.0);
-        assert_eq!(s.standing("a").running, 0);
+        assert_eq!(s.standing(&"a".into()).used, 3.0);
+        assert_eq!(s.standing(&"a".into()).running, 0);
         drop(first);
     }
 
@@ -266,7 +284,7 @@ mod tests {
         let b = s.join("b".into());
         b.start();
         assert_eq!(
-            s.standing("b").used,
+            s.standing(&"b".into()).used,
             2.0 + 2.0,
             "joined at the floor, charged 2 s"
         );
@@ -279,7 +297,7 @@ mod tests {
         let (agent, person) = (s.join("agent".into()), s.join("person".into()));
         // Nothing measured: no estimate to charge, but the running request counts.
         agent.start();
-        assert!(s.standing("person") < s.standing("agent"));
+        assert!(s.standing(&"person".into()) < s.standing(&"agent".into()));
         drop(person);
     }
 
@@ -298,11 +316,11 @@ mod tests {
             m.start();
             m.settle_held(secs(2.0));
         }
-        let agent_used = s.standing("agent").used;
+        let agent_used = s.standing(&"agent".into()).used;
         // The person comes back no lower than the agent: it gets its share from now on,
         // not 100 s of slots in a row.
         let _person = s.join("person".into());
-        assert_eq!(s.standing("person").used, agent_used);
+        assert_eq!(s.standing(&"person".into()).used, agent_used);
         drop(agent);
     }
 
@@ -311,7 +329,12 @@ mod tests {
         let s = share();
         let keep = s.join("busy".into());
         drop(s.join("visitor".into()));
-        assert!(!s.book.lock().clients.contains_key("visitor"));
+        assert!(
+            !s.book
+                .lock()
+                .clients
+                .contains_key(&ClientId::from("visitor"))
+        );
         drop(keep);
     }
 
@@ -322,7 +345,7 @@ mod tests {
         let m = s.join("a".into());
         m.start();
         drop(m);
-        assert_eq!(s.standing("a").running, 0);
+        assert_eq!(s.standing(&"a".into()).running, 0);
         drop(keep);
     }
 }

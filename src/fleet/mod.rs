@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use arc_swap::ArcSwap;
 
 pub use check::Checker;
+pub use fair::ClientId;
 pub use health::{Evidence, Rules, State};
 pub use node::{Books, Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
 pub use poller::Poller;

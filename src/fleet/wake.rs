@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::Node;
-use super::fair::{FairShare, Member, Standing};
+use super::fair::{ClientId, FairShare, Member, Standing};
 use crate::config::Priority;
 
 #[derive(Default)]
@@ -36,19 +36,10 @@ pub struct Wakeups {
 
 /// Whom a request is for in the fair order: its client (a named API key, else the client's
 /// address) and the client's class.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Requester {
-    pub client: Arc<str>,
+    pub client: ClientId,
     pub priority: Priority,
-}
-
-impl Default for Requester {
-    fn default() -> Self {
-        Requester {
-            client: crate::config::ANONYMOUS.into(),
-            priority: Priority::Interactive,
-        }
-    }
 }
 
 /// The requests of one model that look for a slot.
@@ -216,7 +207,15 @@ impl Queue {
     }
 }
 
+/// How a waiter's client stands, at the instant `standings` were read.
+type Standings<'a> = &'a dyn Fn(&ClientId) -> Standing;
+
 impl Waiter {
+    /// Its client's place in the fair order between clients: class, then service had.
+    fn rank(&self, standing: Standings) -> (Priority, Standing) {
+        (self.requester.priority, standing(&self.requester.client))
+    }
+
     /// Holds a slot handed to it on another node than `node`, the one it waits for.
     fn trades_for(&self, node: u16) -> bool {
         let waits_there = self.best.is_some_and(|(best, _)| best == node);
@@ -236,10 +235,11 @@ struct Place {
 }
 
 impl Place {
-    fn of(w: &Waiter, standing: impl Fn(&str) -> Standing, node: u16) -> Place {
+    fn of(w: &Waiter, standing: Standings, node: u16) -> Place {
+        let (priority, standing) = w.rank(standing);
         Place {
-            priority: w.requester.priority,
-            standing: standing(&w.requester.client),
+            priority,
+            standing,
             cold: w.best != Some((node, true)),
             id: w.id,
         }
@@ -296,16 +296,9 @@ impl Listener {
     /// request's in the fair order: a cold request leaves such a request the slot it waits
     /// for, and takes one a client further back waits for.
     pub fn warm_waiter_first(&self, node: u16) -> bool {
-        let waiters = self.queue.waiters.lock();
-        let Some(me) = waiters.iter().find(|w| w.id == self.id) else {
-            return false;
-        };
-        self.queue.fair.standings(|standing| {
-            let mine = (me.requester.priority, standing(&me.requester.client));
-            waiters
-                .iter()
-                .filter(|w| w.id != self.id && w.looking && w.best == Some((node, true)))
-                .any(|w| (w.requester.priority, standing(&w.requester.client)) <= mine)
+        self.with_waiters_first(|mut first| {
+            // `any` through the reference: the trait object cannot call it itself.
+            Iterator::any(&mut first, |w| w.looking && w.best == Some((node, true)))
         })
     }
 
@@ -313,24 +306,30 @@ impl Listener {
     /// between clients (another client's ahead of it, or its own client's): what it would
     /// wait behind there.
     pub fn waiting_ahead(&self) -> Vec<(u16, u32)> {
-        let waiters = self.queue.waiters.lock();
-        let Some(me) = waiters.iter().find(|w| w.id == self.id) else {
-            return Vec::new();
-        };
-        let mut ahead: Vec<(u16, u32)> = Vec::new();
-        self.queue.fair.standings(|standing| {
-            let mine = (me.requester.priority, standing(&me.requester.client));
-            let before = waiters.iter().filter(|w| {
-                w.id != self.id && (w.requester.priority, standing(&w.requester.client)) <= mine
-            });
-            for node in before.filter_map(|w| w.best.map(|(node, _)| node)) {
+        self.with_waiters_first(|first| {
+            let mut ahead: Vec<(u16, u32)> = Vec::new();
+            for node in first.filter_map(|w| w.best.map(|(node, _)| node)) {
                 match ahead.iter_mut().find(|(n, _)| *n == node) {
                     Some((_, count)) => *count += 1,
                     None => ahead.push((node, 1)),
                 }
             }
-        });
-        ahead
+            ahead
+        })
+    }
+
+    /// Runs `f` over the other waiters whose client comes before or with this request's in
+    /// the fair order (none once the request has left).
+    fn with_waiters_first<R>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Waiter>) -> R) -> R {
+        let waiters = self.queue.waiters.lock();
+        let me = waiters.iter().find(|w| w.id == self.id);
+        self.queue.fair.standings(|standing| {
+            let mine = me.map(|me| me.rank(standing));
+            let mut first = waiters
+                .iter()
+                .filter(|w| w.id != self.id && mine.is_some_and(|mine| w.rank(standing) <= mine));
+            f(&mut first)
+        })
     }
 
     /// The request was sent to `node`: it stops looking until it looks again, and its client

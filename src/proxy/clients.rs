@@ -12,7 +12,7 @@ use pingora_http::RequestHeader;
 
 use super::access::client_key;
 use crate::config::{ANONYMOUS, ApiKey, Config, Priority};
-use crate::fleet::Requester;
+use crate::fleet::{ClientId, Requester};
 
 /// Who sent a request.
 #[derive(Default)]
@@ -95,7 +95,7 @@ pub fn identify(config: &Config, req: &RequestHeader, address: Option<IpAddr>) -
         Some(named) => Client {
             name: named.name.clone(),
             requester: Requester {
-                client: format!("key:{}", named.name).into(),
+                client: ClientId::Key(named.name.as_str().into()),
                 priority: named.priority,
             },
             limits: Limits {
@@ -106,10 +106,7 @@ pub fn identify(config: &Config, req: &RequestHeader, address: Option<IpAddr>) -
         None => Client {
             name: ANONYMOUS.to_string(),
             requester: Requester {
-                client: match address {
-                    Some(ip) => format!("address:{ip}").into(),
-                    None => ANONYMOUS.into(),
-                },
+                client: address.map_or(ClientId::Unknown, ClientId::Address),
                 priority: Priority::Interactive,
             },
             limits: Limits::default(),
@@ -176,10 +173,19 @@ impl ClientBook {
         address: Option<IpAddr>,
         per_address: Option<usize>,
     ) -> Result<Admission, Refusal> {
-        let now = Instant::now();
-        let named = client.requester.client.starts_with("key:");
-        let mut books = self.books.lock();
+        // A named key is counted even without limits, so that one added by a reload holds
+        // at once; a client without a key counts only against `queue.per_client`.
+        let named = matches!(client.requester.client, ClientId::Key(_));
         let per_address = per_address.zip(address);
+        if !named && per_address.is_none() {
+            return Ok(Admission {
+                book: self.clone(),
+                address: None,
+                key: None,
+            });
+        }
+        let now = Instant::now();
+        let mut books = self.books.lock();
         if let Some((limit, ip)) = per_address
             && books.per_address.get(&ip).is_some_and(|&n| n >= limit)
         {
@@ -275,14 +281,14 @@ mod tests {
         let c = config("api_keys: [plain, {name: agent, key: ka, priority: batch}]");
         let agent = identify(&c, &request("ka"), ADDRESS);
         assert_eq!(agent.name, "agent");
-        assert_eq!(&*agent.requester.client, "key:agent");
+        assert_eq!(agent.requester.client, ClientId::from("agent"));
         assert_eq!(agent.requester.priority, Priority::Batch);
         let plain = identify(&c, &request("plain"), ADDRESS);
         assert_eq!(plain.name, "anonymous");
-        assert_eq!(&*plain.requester.client, "address:127.0.0.1");
+        assert_eq!(plain.requester.client, ClientId::Address(ADDRESS.unwrap()));
         assert_eq!(plain.requester.priority, Priority::Interactive);
         let open = identify(&Config::default(), &request("anything"), None);
-        assert_eq!(&*open.requester.client, "anonymous");
+        assert_eq!(open.requester.client, ClientId::Unknown);
     }
 
     #[test]

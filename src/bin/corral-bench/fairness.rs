@@ -101,7 +101,8 @@ pub async fn run(opts: Options) -> Result<String, String> {
         }
         runs.push(measured);
     }
-    Ok(report(&opts, &cases, &runs))
+    let slots = plan.nodes.iter().map(|n| n.slots).sum();
+    Ok(report(&opts, slots, &cases, &runs))
 }
 
 async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<Measured, String> {
@@ -274,7 +275,7 @@ fn mean(values: &[f64]) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
 
-fn report(opts: &Options, cases: &[Case], runs: &[Vec<Measured>]) -> String {
+fn report(opts: &Options, slots: usize, cases: &[Case], runs: &[Vec<Measured>]) -> String {
     let cell = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
     let mut out = format!(
         "Three equal nodes x 2 slots (current Ollama stand-ins, slots told), time scale {}, \
@@ -304,8 +305,7 @@ fn report(opts: &Options, cases: &[Case], runs: &[Vec<Measured>]) -> String {
             continue;
         };
         // One service time: the slot time of an agent turn, alone (every slot busy all along).
-        let slots = 3.0 * 2.0;
-        let service = agent_alone.agent_wall.unwrap_or(0.0) * opts.scale.0 * slots
+        let service = agent_alone.agent_wall.unwrap_or(0.0) * opts.scale.0 * slots as f64
             / agent_alone.agent_turns.len().max(1) as f64;
         let person_work: f64 = alone.person_turns.iter().sum();
         let bound_p90 = quantile(&alone.person_ttft, 0.9).unwrap_or(0.0) + service;
