@@ -39,6 +39,9 @@ pub struct Config {
     pub affinity: AffinityConfig,
     pub breaker: BreakerConfig,
     pub queue: QueueConfig,
+    /// Several replicas share what they know through Redis or Valkey; unset, each keeps its
+    /// own state in the process.
+    pub shared_state: Option<SharedStateConfig>,
     /// Watch the configuration file and reload it when it changes, checking this often.
     /// SIGHUP reloads it in any case.
     #[serde(with = "humantime_serde")]
@@ -70,6 +73,7 @@ impl Default for Config {
             affinity: AffinityConfig::default(),
             breaker: BreakerConfig::default(),
             queue: QueueConfig::default(),
+            shared_state: None,
             watch_config: None,
             api_keys: Vec::new(),
             session_headers: crate::request::session::DEFAULT_SESSION_HEADERS
@@ -338,6 +342,51 @@ impl Default for QueueConfig {
     }
 }
 
+/// The store replicas share state through: any RESP server (Redis, Valkey).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SharedStateConfig {
+    /// `redis://[:password@]host:port[/db]`, or `rediss://` for TLS.
+    pub url: String,
+    /// Prepended to every key and channel, so that several fleets can share one server.
+    pub key_prefix: String,
+    /// Longest a request waits on the store; past it the replica decides on its own state.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// How long a replica's slot leases and its word on runs outlive it: a replica that dies
+    /// leaves no counts behind after this.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+}
+
+impl SharedStateConfig {
+    fn validate(&self) -> Result<(), String> {
+        redis::parse_redis_url(&self.url)
+            .filter(|url| matches!(url.scheme(), "redis" | "rediss"))
+            .ok_or_else(|| {
+                format!(
+                    "shared_state.url: '{}' is not a redis:// or rediss:// URL",
+                    self.url
+                )
+            })?;
+        if self.timeout.is_zero() || self.lease < Duration::from_secs(1) {
+            return Err("shared_state: timeout must be above zero and lease at least 1s".into());
+        }
+        Ok(())
+    }
+}
+
+impl Default for SharedStateConfig {
+    fn default() -> Self {
+        SharedStateConfig {
+            url: String::new(),
+            key_prefix: "corral".into(),
+            timeout: Duration::from_millis(2),
+            lease: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Pull, push, create, copy and delete change one node. Off unless enabled here; when
 /// enabled, a request must name its node (`X-Fleet-Target`) and carry the admin token
 /// (`X-Fleet-Admin-Token`).
@@ -461,6 +510,9 @@ impl Config {
                 crate::tls::roots_with(Path::new(path))
                     .map_err(|e| format!("{at}.ca_file: {e}"))?;
             }
+        }
+        if let Some(shared) = &self.shared_state {
+            shared.validate()?;
         }
         let w = &self.weights;
         for (key, value) in [

@@ -16,6 +16,7 @@ pub mod reload;
 pub mod request;
 pub mod routing;
 pub mod server;
+pub mod shared;
 #[cfg(feature = "demo")]
 pub mod standin;
 pub mod tls;

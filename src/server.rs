@@ -77,6 +77,11 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     proxy.add_tcp(&config.listen);
     server.add_service(proxy);
 
+    if let Some(shared) = router.shared.clone() {
+        let syncer = crate::shared::Syncer::new(shared, router.clone());
+        let service = crate::shared::Service(Arc::new(syncer));
+        server.add_service(background_service("shared state", service));
+    }
     server.add_service(background_service("health checks", checker));
     server.add_service(background_service("fleet poller", poller));
 

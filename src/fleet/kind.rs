@@ -12,12 +12,12 @@
 //! - Other OpenAI-compatible servers (vLLM, SGLang) report
 //!   `usage.prompt_tokens_details.cached_tokens`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::config::NodeKind;
 
 /// What an Ollama reply's `prompt_eval_count` counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Counting {
     /// Not known yet: on a reply that evaluated the whole prompt both readings agree.
     #[default]

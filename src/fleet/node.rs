@@ -87,6 +87,13 @@ impl Ewma {
     pub fn get(&self) -> Option<f64> {
         self.value
     }
+
+    /// Takes `value` (another replica's measure) where nothing was measured here yet.
+    pub fn seed(&mut self, value: Option<f64>) {
+        if self.value.is_none() {
+            self.value = value.filter(|v| v.is_finite());
+        }
+    }
 }
 
 /// One of a model's parallel slots on a node, as the router believes it is filled.

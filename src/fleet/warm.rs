@@ -170,6 +170,15 @@ impl ColdRate {
         self.rate
     }
 
+    /// Takes `rate` (another replica's) where no reply was measured here yet.
+    pub fn seed(&mut self, rate: f64) {
+        if self.len == 0 && rate.is_finite() && rate > 0.0 {
+            self.recent[0] = rate;
+            (self.len, self.next) = (1, 1);
+            self.rate = Some(rate);
+        }
+    }
+
     /// Records a reply believed to have evaluated its whole prompt.
     pub fn record(&mut self, tokens: u64, seconds: f64) {
         if tokens == 0 || seconds <= 0.0 || !seconds.is_finite() {
@@ -606,6 +615,17 @@ impl PeerCapacities {
     /// What the nodes serving `model` were shown to keep, in tokens.
     pub fn of(&self, model: &str) -> Option<u64> {
         self.by_model.read().get(model).and_then(|s| s.median)
+    }
+
+    /// What `node`'s replies have shown of its cache for `model`.
+    pub fn shown_by(&self, model: &str, node: u16) -> Option<u64> {
+        let by_model = self.by_model.read();
+        let shown = by_model.get(model)?;
+        shown
+            .nodes
+            .iter()
+            .find(|&&(id, _)| id == node)
+            .map(|&(_, t)| t)
     }
 
     /// Records what `node`'s replies have shown of its cache for `model`: `None` where they

@@ -27,6 +27,8 @@ use crate::routing::{
 /// disks) changes with every reply and poll, and a queue joined when it looked short may
 /// since be worth a load elsewhere.
 const RELOOK: Duration = Duration::from_secs(1);
+/// How soon a request the shared store turned away looks again, news or not.
+const SHARED_RELOOK: Duration = Duration::from_millis(100);
 
 pub struct Forwarder {
     upstream: Upstream,
@@ -149,6 +151,16 @@ impl Forwarder {
                 Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
                 Err(e) => return refuse(session, ctx, e.clone(), config).await,
             };
+            let picked = match picked {
+                Pick::Send(candidate, mut dispatch) => {
+                    if router.share(&mut dispatch, profile).await {
+                        Pick::Send(candidate, dispatch)
+                    } else {
+                        Pick::HeldElsewhere(candidate)
+                    }
+                }
+                picked => picked,
+            };
             let (best, awaited) = match picked {
                 Pick::Send(candidate, dispatch) => {
                     listener.sent(candidate.node.id, handoff);
@@ -184,6 +196,7 @@ impl Forwarder {
                 }
                 Pick::Exhausted => return fail(session, ctx, &failures).await,
                 Pick::Wait(best) => (Some(best), Awaited::Slot),
+                Pick::HeldElsewhere(best) => (Some(best), Awaited::SharedSlot),
             };
             if let (Some(h), Some(best)) = (&handoff, best) {
                 log::debug!(
@@ -208,7 +221,13 @@ impl Forwarder {
             }
             waiting_since.get_or_insert_with(Instant::now);
             let left = deadline.saturating_duration_since(Instant::now());
-            let news_or_relook = tokio::time::timeout(RELOOK, news);
+            // A slot held elsewhere frees when that replica says its request ended; its
+            // lease may also have been given back before this replica heard of it.
+            let relook = match awaited {
+                Awaited::SharedSlot => SHARED_RELOOK,
+                _ => RELOOK,
+            };
+            let news_or_relook = tokio::time::timeout(relook, news);
             let gone = match race(session, left, news_or_relook).await {
                 // News came: where every node refused, they may all be worth trying again.
                 Wait::Done(Ok(())) if awaited == Awaited::NodeBack => {
@@ -440,6 +459,9 @@ impl Forwarder {
 }
 
 /// What to do with a request after ranking.
+// Made and matched once per decision, on the stack: boxing the dispatch would cost an
+// allocation per request to save a copy of a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
 enum Pick<'d> {
     /// Send it to this candidate, counted against it.
     Send(&'d Candidate, Dispatch),
@@ -448,6 +470,9 @@ enum Pick<'d> {
     Wait(&'d Candidate),
     /// Every candidate has been tried.
     Exhausted,
+    /// Other replicas took the best candidate's last slot first (`shared_state:`): wait as
+    /// for a busy node, now counting their requests.
+    HeldElsewhere(&'d Candidate),
 }
 
 /// What a waiting request waits for.
@@ -457,13 +482,15 @@ enum Awaited {
     Slot,
     /// Any node, after every node it tried refused the connection.
     NodeBack,
+    /// A slot on its best node, which the shared store showed held by other replicas.
+    SharedSlot,
 }
 
 impl Awaited {
     /// The 503's message when the wait ran out.
     fn gave_up(self) -> &'static str {
         match self {
-            Awaited::Slot => "no node had a free slot in time",
+            Awaited::Slot | Awaited::SharedSlot => "no node had a free slot in time",
             Awaited::NodeBack => "every node refused the connection, and none came back in time",
         }
     }

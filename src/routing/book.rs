@@ -131,6 +131,8 @@ impl Router {
             streamed: p.stream,
             first_byte: None,
             probe: probe.then_some(believed),
+            limit,
+            run: None,
         })
     }
 
@@ -203,28 +205,14 @@ impl Router {
                     state.slots.len() - 1
                 });
                 unseen = chosen.is_none();
-                // The conversation the slot held is saved to host memory (llama-server's
-                // prompt cache; the old runner's cache, learned empty, keeps nothing).
-                let displaced = &state.slots[index];
-                if displaced.lineage != 0 && displaced.lineage != lineage {
-                    let saved = HostEntry::of(displaced, now);
-                    state.warm.host.save(saved);
-                }
                 (index, lineage)
             });
-            let slot = &mut state.slots[index];
-            slot.lineage = lineage;
-            slot.depth = p.chain.depth();
-            slot.last_used = Some(now);
-            slot.busy += 1;
-            slot.tokens = tokens;
-            // Once a task has its slot, llama-server copies every idle slot's conversation
-            // into its host cache (`--cache-idle-slots`, on by default with a host cache:
-            // `server-context.cpp`, after `launch_slot_with_task`). The copies take room
-            // there and push older conversations out.
-            for idle in state.slots.iter().filter(|s| s.busy == 0) {
-                state.warm.host.save(HostEntry::of(idle, now));
-            }
+            let held = Held {
+                lineage,
+                depth: p.chain.depth(),
+                tokens,
+            };
+            occupy(state, index, held, now);
             (index, lineage)
         });
         dispatch.slot = Some(index);
@@ -250,12 +238,29 @@ impl Router {
                 dispatch.remembered.push(p.chain.hashes[1]);
             }
         }
+        if let Some(run) = dispatch.run.as_mut() {
+            run.sent(crate::shared::Sent {
+                replica: 0,
+                run: 0,
+                node: node.name().to_string(),
+                model: dispatch.model.clone(),
+                slot: index,
+                lineage,
+                depth,
+                tokens,
+                prefixes: dispatch.remembered.clone(),
+                session: p.session,
+            });
+        }
     }
 
     /// Takes back what [`Router::commit`] recorded for a request that failed before any
     /// reply: the node's slot is not known to hold anything now, and the prefix is not warm
     /// there.
     pub fn abandon(&self, dispatch: &mut Dispatch) {
+        if let Some(run) = dispatch.run.as_mut() {
+            run.abandoned();
+        }
         for hash in dispatch.remembered.drain(..) {
             if self
                 .affinity
@@ -315,6 +320,40 @@ impl Drop for WaitTicket {
     }
 }
 
+/// What a request leaves in its slot.
+pub(super) struct Held {
+    pub lineage: u64,
+    pub depth: usize,
+    pub tokens: u64,
+}
+
+/// Puts a request in slot `index` of the mirror (made long enough to have it).
+pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Instant) {
+    if state.slots.len() <= index {
+        state.slots.resize(index + 1, Slot::default());
+    }
+    // The conversation the slot held is saved to host memory (llama-server's prompt cache;
+    // the old runner's cache, learned empty, keeps nothing).
+    let displaced = &state.slots[index];
+    if displaced.lineage != 0 && displaced.lineage != held.lineage {
+        let saved = HostEntry::of(displaced, now);
+        state.warm.host.save(saved);
+    }
+    let slot = &mut state.slots[index];
+    slot.lineage = held.lineage;
+    slot.depth = held.depth;
+    slot.last_used = Some(now);
+    slot.busy += 1;
+    slot.tokens = held.tokens;
+    // Once a task has its slot, llama-server copies every idle slot's conversation into its
+    // host cache (`--cache-idle-slots`, on by default with a host cache:
+    // `server-context.cpp`, after `launch_slot_with_task`). The copies take room there and
+    // push older conversations out.
+    for idle in state.slots.iter().filter(|s| s.busy == 0) {
+        state.warm.host.save(HostEntry::of(idle, now));
+    }
+}
+
 /// Makes the mirror `parallel` slots long. Slots beyond that, added for requests sent past
 /// the slots corral knew of, go once idle (the node queued such a request, or runs fewer
 /// slots since a reload): which of its slots the request then took is not known, so its
@@ -331,7 +370,7 @@ fn fit_slots(slots: &mut Vec<Slot>, parallel: usize) {
 /// Drops a model's state on a node once nothing runs or waits there and nothing was learned:
 /// a client can name any model, and a node not polled yet is tried for all of them, so
 /// without this every invented name would stay in memory and in the metrics' labels.
-fn forget_if_unused(models: &mut HashMap<String, ModelState>, model: &str) {
+pub(super) fn forget_if_unused(models: &mut HashMap<String, ModelState>, model: &str) {
     let unused = models.get(model).is_some_and(|s| {
         s.in_flight == 0
             && s.waiting == 0
@@ -371,6 +410,10 @@ pub struct Dispatch {
     /// Sent past the number the node was believed to run at once (that number), and not
     /// yet shown to have run beside as many: a candidate for "the node queued it".
     probe: Option<usize>,
+    /// The most requests for the model the node was to run with this one.
+    pub(super) limit: usize,
+    /// The request's place in the books shared with other replicas, when there are.
+    pub(super) run: Option<crate::shared::Run>,
 }
 
 impl Dispatch {

@@ -11,6 +11,7 @@ mod decision;
 mod locate;
 pub mod parallel;
 pub mod placement;
+mod replicas;
 pub mod score;
 pub mod signals;
 mod slots;
@@ -33,6 +34,7 @@ use crate::config::Config;
 use crate::fleet::warm::PeerCapacities;
 use crate::fleet::{Fleet, Listener, Requester};
 use crate::request::Profile;
+use crate::shared::Shared;
 use view::{ModelSizes, NodeView};
 
 pub struct Router {
@@ -54,10 +56,24 @@ pub struct Router {
     probes: parallel::Probes,
     /// Host-cache capacities the nodes' replies have shown, per model.
     peer_capacities: PeerCapacities,
+    /// The store replicas share state through, when configured (`shared_state:`).
+    pub shared: Option<Arc<Shared>>,
+    /// The other replicas' requests and waits, as they told them.
+    remote: parking_lot::Mutex<replicas::Remote>,
 }
 
 impl Router {
     pub fn new(fleet: Arc<Fleet>, config: &Config) -> Router {
+        // The URL was checked with the configuration.
+        let shared = (config.shared_state.as_ref()).and_then(|c| match Shared::new(c) {
+            Ok(shared) => Some(shared),
+            Err(e) => {
+                log::error!("{e}; deciding alone");
+                None
+            }
+        });
+        // Lines of different replicas must not share a number.
+        let first_lineage = shared.as_ref().map_or(0, |s| s.lineage_base()) + 1;
         Router {
             fleet,
             affinity: AffinityTable::new(config.affinity.capacity, config.affinity.ttl),
@@ -65,12 +81,14 @@ impl Router {
             // and the table reserves its capacity up front: a quarter is room enough.
             sessions: AffinityTable::new(config.affinity.capacity / 4, config.affinity.ttl),
             config: ArcSwap::from_pointee(config.clone()),
-            next_lineage: AtomicU64::new(1),
+            next_lineage: AtomicU64::new(first_lineage),
             waiting: AtomicUsize::new(0),
             placement: parking_lot::Mutex::new(()),
             turn_gaps: placement::TurnGaps::default(),
             probes: parallel::Probes::default(),
             peer_capacities: PeerCapacities::default(),
+            shared,
+            remote: parking_lot::Mutex::default(),
         }
     }
 

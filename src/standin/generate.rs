@@ -13,7 +13,7 @@ use super::clock::unix_now;
 use super::config::Fault;
 use super::engine::Run;
 use super::error::StandinError;
-use super::node::Node;
+use super::node::{Node, Open};
 use super::prompt::{fit_to_context, reply_tokens, tokens_in};
 use super::residency::{KeepAlive, ModelLease};
 use super::slots::SlotLease;
@@ -52,6 +52,7 @@ pub struct Generation {
     prompt: Vec<u8>,
     slot: SlotLease,
     _model: ModelLease,
+    _open: Open,
 }
 
 impl Generation {
@@ -72,14 +73,15 @@ impl Generation {
 /// Serves a generating request end to end.
 pub async fn run(node: Arc<Node>, job: Job) -> Response {
     let api = job.api;
-    match prepare(&node, job).await {
+    let open = node.opened(&job.model);
+    match prepare(&node, job, open).await {
         Ok(generation) => respond(generation).await,
         Err(e) => api.error(e),
     }
 }
 
 /// Everything up to the first output token.
-async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
+async fn prepare(node: &Node, job: Job, open: Open) -> Result<Generation, StandinError> {
     let started = Instant::now();
     let cut_after = match node.fault() {
         Fault::CutMidStream(n) => Some(n),
@@ -122,6 +124,7 @@ async fn prepare(node: &Node, job: Job) -> Result<Generation, StandinError> {
         prompt,
         slot,
         _model: lease,
+        _open: open,
     })
 }
 

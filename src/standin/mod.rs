@@ -133,6 +133,12 @@ impl StandinNode {
         self.node.handoffs()
     }
 
+    /// The most generating requests per model the node had open at once (in its queue or
+    /// its slots), since it started.
+    pub fn most_open(&self) -> std::collections::HashMap<String, u32> {
+        self.node.most_open()
+    }
+
     /// Every generating and embedding request served so far, in order of service start.
     pub fn log(&self) -> Vec<ServedRequest> {
         self.node.log()

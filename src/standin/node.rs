@@ -23,6 +23,8 @@ pub struct Node {
     /// How long each slot taken had been free (see [`Node::record_handoff`]).
     handoffs: Mutex<Vec<Duration>>,
     ids: AtomicU64,
+    /// Generating requests open per model: now, and the most at once.
+    open: Mutex<std::collections::HashMap<String, (u32, u32)>>,
     /// One embedding at a time per embedding model (see [`Node::embedding_turn`]).
     embed_lines: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -48,6 +50,7 @@ impl Node {
             log: Mutex::new(Vec::new()),
             handoffs: Mutex::new(Vec::new()),
             ids: AtomicU64::new(0),
+            open: Mutex::default(),
             embed_lines: Mutex::default(),
         }))
     }
@@ -145,8 +148,43 @@ impl Node {
         self.handoffs.lock().clone()
     }
 
+    /// A generating request for `model` arrived; it counts as open until the guard drops.
+    pub fn opened(self: &Arc<Self>, model: &str) -> Open {
+        let mut open = self.open.lock();
+        let (now, most) = open.entry(model.to_string()).or_default();
+        *now += 1;
+        *most = (*most).max(*now);
+        Open {
+            node: self.clone(),
+            model: model.to_string(),
+        }
+    }
+
+    /// The most generating requests per model the node had open at once.
+    pub fn most_open(&self) -> std::collections::HashMap<String, u32> {
+        let open = self.open.lock();
+        open.iter()
+            .map(|(m, (_, most))| (m.clone(), *most))
+            .collect()
+    }
+
     /// A number for response ids (`chatcmpl-N`), unique within the node.
     pub fn next_id(&self) -> u64 {
         self.ids.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// A generating request the node has open (see [`Node::opened`]).
+#[derive(Debug)]
+pub struct Open {
+    node: Arc<Node>,
+    model: String,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some((now, _)) = self.node.open.lock().get_mut(&self.model) {
+            *now = now.saturating_sub(1);
+        }
     }
 }

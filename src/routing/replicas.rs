@@ -1,0 +1,368 @@
+//! Other corral replicas' requests in this replica's books (`shared_state:`, see
+//! [`crate::shared`]). A request another replica sent counts on its node here as one of ours
+//! does: in flight, in its slot, its prefixes warm there; its end frees the slot and wakes
+//! requests waiting for one. Each is kept by (replica, run) until that replica says it ended,
+//! stops listing it, or goes silent.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hashbrown::HashMap;
+use serde::{Deserialize, Serialize};
+
+use super::book::{Held, forget_if_unused, occupy};
+use super::{Dispatch, Entry, Router};
+use crate::fleet::Node;
+use crate::fleet::kind::Counting;
+use crate::request::Profile;
+use crate::shared::{Acquired, Alive, Ended, Event, Replica, Sent, Waiting};
+
+/// Requests and waits of the other replicas.
+#[derive(Default)]
+pub(super) struct Remote {
+    runs: HashMap<(u64, u64), RemoteRun>,
+    /// Each replica's waits as it last listed them: node, model, count.
+    waits: HashMap<u64, Vec<(u16, String, u32)>>,
+}
+
+struct RemoteRun {
+    node: u16,
+    model: String,
+    /// Its slot and conversation line, once its `Sent` came; none for a request known only
+    /// as a lease holder.
+    slot: Option<(usize, u64)>,
+}
+
+impl Router {
+    /// Takes the request's lease on its node's slots in the shared store, where replicas
+    /// share one. False when every slot is held by requests of all the replicas: the request
+    /// gives its place back and decides again, now seeing them.
+    pub async fn share(self: &Arc<Self>, dispatch: &mut Dispatch, p: &Profile) -> bool {
+        let Some(shared) = &self.shared else {
+            return true;
+        };
+        if !p.endpoint.generates() {
+            return true;
+        }
+        let node = dispatch.node.clone();
+        let (run, acquired) = shared
+            .acquire(node.name(), &p.model_key, dispatch.limit)
+            .await;
+        match acquired {
+            Acquired::Granted | Acquired::Alone => {
+                dispatch.run = Some(run);
+                true
+            }
+            Acquired::Full(holders) => {
+                self.note_holders(&node, &p.model_key, &holders, shared.replica());
+                false
+            }
+        }
+    }
+
+    /// Counts the lease holders not known here yet as requests in flight on the node.
+    fn note_holders(&self, node: &Arc<Node>, model: &str, holders: &[(u64, u64)], own: u64) {
+        let mut remote = self.remote.lock();
+        let mut added = 0;
+        for &(replica, run) in holders.iter().filter(|(r, _)| *r != own) {
+            remote.runs.entry((replica, run)).or_insert_with(|| {
+                added += 1;
+                RemoteRun {
+                    node: node.id,
+                    model: model.to_string(),
+                    slot: None,
+                }
+            });
+        }
+        if added > 0 {
+            node.books(|books| {
+                books.models.entry_ref(model).or_default().in_flight += added;
+            });
+        }
+    }
+
+    fn node_named(&self, name: &str) -> Option<Arc<Node>> {
+        self.fleet
+            .nodes()
+            .iter()
+            .find(|n| n.name() == name)
+            .cloned()
+    }
+
+    fn sent_elsewhere(&self, sent: Sent) {
+        let Some(node) = self.node_named(&sent.node) else {
+            return;
+        };
+        let mut remote = self.remote.lock();
+        let known = remote.runs.contains_key(&(sent.replica, sent.run));
+        node.books(|books| {
+            let state = books.models.entry_ref(sent.model.as_str()).or_default();
+            if !known {
+                state.in_flight += 1;
+            }
+            let held = Held {
+                lineage: sent.lineage,
+                depth: sent.depth,
+                tokens: sent.tokens,
+            };
+            occupy(state, sent.slot, held, Instant::now());
+        });
+        let run = RemoteRun {
+            node: node.id,
+            model: sent.model,
+            slot: Some((sent.slot, sent.lineage)),
+        };
+        remote.runs.insert((sent.replica, sent.run), run);
+        drop(remote);
+        let entry = Entry {
+            node: node.id,
+            lineage: sent.lineage,
+        };
+        for prefix in sent.prefixes {
+            self.affinity.insert(prefix, entry);
+        }
+        if let Some(key) = sent.session {
+            self.sessions.insert(
+                key,
+                Entry {
+                    lineage: 0,
+                    ..entry
+                },
+            );
+        }
+    }
+
+    /// Takes another replica's request off its node; wakes the requests waiting there.
+    fn end(&self, run: RemoteRun, kept: bool) {
+        let Some(node) = self.fleet.node(run.node) else {
+            return;
+        };
+        node.books(|books| {
+            if let Some(state) = books.models.get_mut(&run.model) {
+                state.in_flight = state.in_flight.saturating_sub(1);
+                let slot = run.slot.and_then(|(i, lineage)| {
+                    state.slots.get_mut(i).filter(|s| s.lineage == lineage)
+                });
+                if let Some(slot) = slot {
+                    slot.busy = slot.busy.saturating_sub(1);
+                    slot.last_used = Some(Instant::now());
+                    if !kept {
+                        (slot.lineage, slot.depth) = (0, 0);
+                    }
+                }
+            }
+            forget_if_unused(&mut books.models, &run.model);
+        });
+        self.fleet.wakeups.slot_freed(&run.model, &node);
+    }
+
+    fn ended_elsewhere(&self, ended: Ended) {
+        let run = self.remote.lock().runs.remove(&(ended.replica, ended.run));
+        if let Some(run) = run {
+            self.end(run, ended.kept);
+        }
+    }
+
+    fn alive_elsewhere(&self, alive: Alive) {
+        let listed: HashSet<u64> = alive.runs.into_iter().collect();
+        let (gone, old_waits) = {
+            let mut remote = self.remote.lock();
+            let gone: Vec<(u64, u64)> = (remote.runs.keys())
+                .filter(|(replica, run)| *replica == alive.replica && !listed.contains(run))
+                .copied()
+                .collect();
+            let gone: Vec<RemoteRun> = gone
+                .iter()
+                .filter_map(|key| remote.runs.remove(key))
+                .collect();
+            let waits: Vec<(u16, String, u32)> = (alive.waits.into_iter())
+                .filter_map(|w| Some((self.node_named(&w.node)?.id, w.model, w.count)))
+                .collect();
+            for (node, model, count) in &waits {
+                self.add_waits(*node, model, i64::from(*count));
+            }
+            (gone, remote.waits.insert(alive.replica, waits))
+        };
+        for (node, model, count) in old_waits.unwrap_or_default() {
+            self.add_waits(node, &model, -i64::from(count));
+        }
+        for run in gone {
+            self.end(run, true);
+        }
+    }
+
+    fn add_waits(&self, node: u16, model: &str, delta: i64) {
+        let Some(node) = self.fleet.node(node) else {
+            return;
+        };
+        node.books(|books| {
+            let state = books.models.entry_ref(model).or_default();
+            let waiting = i64::from(state.waiting).saturating_add(delta).max(0);
+            state.waiting = u32::try_from(waiting).unwrap_or(u32::MAX);
+            forget_if_unused(&mut books.models, model);
+        });
+    }
+}
+
+impl Replica for Router {
+    fn apply(&self, event: Event) {
+        match event {
+            Event::Sent(sent) => self.sent_elsewhere(sent),
+            Event::Ended(ended) => self.ended_elsewhere(ended),
+            Event::Alive(alive) => self.alive_elsewhere(alive),
+        }
+    }
+
+    fn forget(&self, replica: Option<u64>) {
+        let (runs, waits) = {
+            let mut remote = self.remote.lock();
+            let keys: Vec<(u64, u64)> = (remote.runs.keys())
+                .filter(|(r, _)| replica.is_none_or(|replica| *r == replica))
+                .copied()
+                .collect();
+            let runs: Vec<RemoteRun> = keys.iter().filter_map(|k| remote.runs.remove(k)).collect();
+            let waits: Vec<(u16, String, u32)> = match replica {
+                Some(replica) => remote.waits.remove(&replica).unwrap_or_default(),
+                None => remote.waits.drain().flat_map(|(_, w)| w).collect(),
+            };
+            (runs, waits)
+        };
+        for (node, model, count) in waits {
+            self.add_waits(node, &model, -i64::from(count));
+        }
+        for run in runs {
+            self.end(run, true);
+        }
+    }
+
+    fn waits(&self) -> Vec<Waiting> {
+        let remote = self.remote.lock();
+        let mut theirs: HashMap<(u16, &str), u32> = HashMap::new();
+        for (node, model, count) in remote.waits.values().flatten() {
+            *theirs.entry((*node, model.as_str())).or_default() += count;
+        }
+        let mut waits = Vec::new();
+        for node in self.fleet.nodes().iter() {
+            node.books(|books| {
+                for (model, state) in &books.models {
+                    let others = theirs.get(&(node.id, model.as_str())).copied();
+                    let count = state.waiting.saturating_sub(others.unwrap_or(0));
+                    if count > 0 {
+                        waits.push(Waiting {
+                            node: node.name().to_string(),
+                            model: model.clone(),
+                            count,
+                        });
+                    }
+                }
+            });
+        }
+        waits
+    }
+
+    fn facts(&self) -> Vec<(String, String)> {
+        let nodes = self.fleet.nodes();
+        nodes
+            .iter()
+            .filter_map(|node| {
+                let facts = NodeFacts::of(self, node);
+                Some((node.name().to_string(), serde_json::to_string(&facts).ok()?))
+            })
+            .collect()
+    }
+
+    fn seed(&self, name: &str, facts: &str) {
+        let Some(node) = self.node_named(name) else {
+            return;
+        };
+        match serde_json::from_str::<NodeFacts>(facts) {
+            Ok(facts) => facts.seed(self, &node),
+            Err(e) => log::debug!("shared state: facts of {name} do not parse: {e}"),
+        }
+    }
+}
+
+/// What replies taught about a node, as replicas write it to the store.
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+struct NodeFacts {
+    /// Slots the node showed (0: none shown).
+    slots: usize,
+    counting: Counting,
+    host_cache: Option<bool>,
+    models: Vec<ModelFacts>,
+}
+
+#[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+struct ModelFacts {
+    model: String,
+    ttfb_ms: Option<f64>,
+    prefill_tps: Option<f64>,
+    decode_tps: Option<f64>,
+    load_s: Option<f64>,
+    service_s: Option<f64>,
+    cold_rate: Option<f64>,
+    /// Tokens the node's host cache was shown to keep of the model.
+    host_tokens: Option<u64>,
+}
+
+impl NodeFacts {
+    fn of(router: &Router, node: &Node) -> NodeFacts {
+        node.books(|books| NodeFacts {
+            slots: node.slots_shown().unwrap_or(0),
+            counting: books.kind.counting,
+            host_cache: books.kind.host_cache,
+            models: (books.models.iter())
+                .filter(|(_, s)| s.last_success.is_some())
+                .map(|(model, s)| ModelFacts {
+                    model: model.clone(),
+                    ttfb_ms: s.ttfb_ms.get(),
+                    prefill_tps: s.prefill_tps.get(),
+                    decode_tps: s.decode_tps.get(),
+                    load_s: s.load_s.get(),
+                    service_s: s.warm.service_s.get(),
+                    cold_rate: s.warm.cold_rate.get(),
+                    host_tokens: router
+                        .peer_capacities
+                        .shown_by(model, node.id)
+                        .or(s.warm.host.shown_limit()),
+                })
+                .collect(),
+        })
+    }
+
+    /// Takes what this replica does not know yet.
+    fn seed(self, router: &Router, node: &Node) {
+        if self.slots > 0 {
+            node.learn_parallel_at_least(self.slots);
+        }
+        for m in &self.models {
+            if let Some(tokens) = m.host_tokens
+                && router.peer_capacities.shown_by(&m.model, node.id).is_none()
+            {
+                router
+                    .peer_capacities
+                    .record(&m.model, node.id, Some(tokens));
+            }
+        }
+        node.books(|books| {
+            if books.kind.counting == Counting::Unknown {
+                books.kind.counting = self.counting;
+            }
+            if books.kind.host_cache.is_none() {
+                books.kind.host_cache = self.host_cache;
+            }
+            for m in self.models {
+                let state = books.models.entry_ref(m.model.as_str()).or_default();
+                state.ttfb_ms.seed(m.ttfb_ms);
+                state.prefill_tps.seed(m.prefill_tps);
+                state.decode_tps.seed(m.decode_tps);
+                state.load_s.seed(m.load_s);
+                state.warm.service_s.seed(m.service_s);
+                if let Some(rate) = m.cold_rate {
+                    state.warm.cold_rate.seed(rate);
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,290 @@
+//! Several corral replicas acting as one through Redis or Valkey (`shared_state:`).
+//!
+//! Each replica keeps its own books, as a lone corral does, and tells the others on the
+//! store's event channel what it sends where and when it ends ([`event`]); it applies what
+//! they tell to its books, so that every replica sees the fleet's slots filled by all of them
+//! and knows where their conversations are warm. What must never be decided twice, the last
+//! free slot of a node, is a lease taken by one script on the store ([`store`]). What replies
+//! taught about a node is written to the store every beat and read by a replica that starts.
+//!
+//! The request path waits on the store only to take a lease, at most `timeout`; past it, or
+//! on any error, the request goes on as a lone corral would send it. Everything else is sent
+//! and received by the background task ([`sync`]).
+
+pub mod event;
+mod store;
+mod sync;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use prometheus::{HistogramVec, IntCounterVec};
+use redis::aio::ConnectionManager;
+use tokio::sync::mpsc;
+
+use crate::config::SharedStateConfig;
+pub use event::{Alive, Ended, Event, Sent, Waiting};
+pub use sync::{Replica, Service, Syncer};
+
+/// One replica's link to the store.
+pub struct Shared {
+    replica: u64,
+    config: SharedStateConfig,
+    keys: store::Keys,
+    client: redis::Client,
+    scripts: store::Scripts,
+    /// Set once connected; the manager reconnects on its own after that.
+    conn: ArcSwapOption<ConnectionManager>,
+    outbox: mpsc::UnboundedSender<Outgoing>,
+    inbox: parking_lot::Mutex<Option<mpsc::UnboundedReceiver<Outgoing>>>,
+    /// Requests whose `Sent` went out and whose `Ended` did not yet, for the beat's `Alive`.
+    /// Held while queueing either, so the channel carries them in the order of this set.
+    published: parking_lot::Mutex<HashSet<u64>>,
+    /// Leases held, by run: their key, renewed every beat.
+    leases: parking_lot::Mutex<hashbrown::HashMap<u64, String>>,
+    next_run: AtomicU64,
+}
+
+/// What the background task sends for the request path.
+enum Outgoing {
+    Publish(Event),
+    /// Gives a lease back (key, member).
+    Release(String, String),
+}
+
+/// How taking a slot's lease went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// The lease is this request's until it ends.
+    Granted,
+    /// Every slot is held, by these requests (replica, run).
+    Full(Vec<(u64, u64)>),
+    /// The store did not answer in time, or failed: decide alone.
+    Alone,
+}
+
+impl Shared {
+    pub fn new(config: &SharedStateConfig) -> Result<Arc<Shared>, String> {
+        let client = redis::Client::open(config.url.as_str())
+            .map_err(|e| format!("shared_state.url: {e}"))?;
+        let (outbox, inbox) = mpsc::unbounded_channel();
+        // Registered now, at startup, rather than on a request's path.
+        metrics();
+        Ok(Arc::new(Shared {
+            replica: replica_id(),
+            config: config.clone(),
+            keys: store::Keys::new(&config.key_prefix),
+            client,
+            scripts: store::Scripts::default(),
+            conn: ArcSwapOption::empty(),
+            outbox,
+            inbox: parking_lot::Mutex::new(Some(inbox)),
+            published: parking_lot::Mutex::default(),
+            leases: parking_lot::Mutex::default(),
+            next_run: AtomicU64::new(1),
+        }))
+    }
+
+    /// This replica's id, random per process.
+    pub fn replica(&self) -> u64 {
+        self.replica
+    }
+
+    /// Where this replica numbers its conversation lines from, so that lines of different
+    /// replicas never share a number in anyone's books.
+    pub fn lineage_base(&self) -> u64 {
+        (self.replica & 0x3f_ffff) << 40
+    }
+
+    /// A request about to go to `node`: takes a lease of one of its `limit` slots for `model`.
+    /// Waits at most `shared_state.timeout`; the returned run gives the lease back when
+    /// dropped, and tells the other replicas where the request went ([`Run::sent`]).
+    pub async fn acquire(
+        self: &Arc<Self>,
+        node: &str,
+        model: &str,
+        limit: usize,
+    ) -> (Run, Acquired) {
+        let id = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let mut run = Run {
+            shared: self.clone(),
+            id,
+            lease: None,
+            sent: false,
+            kept: true,
+        };
+        let Some(conn) = self.conn.load_full() else {
+            metrics().errors.with_label_values(&["not_connected"]).inc();
+            return (run, Acquired::Alone);
+        };
+        let key = self.keys.slots(node, model);
+        let member = store::member(self.replica, id);
+        let started = Instant::now();
+        let call = async {
+            let mut conn = (*conn).clone();
+            let mut invocation = self.scripts.acquire.key(&key);
+            invocation.arg(&member).arg(limit).arg(self.lease_ms());
+            invocation.invoke_async::<Vec<String>>(&mut conn).await
+        };
+        let reply = tokio::time::timeout(self.config.timeout, call).await;
+        metrics()
+            .seconds
+            .with_label_values(&["acquire"])
+            .observe(started.elapsed().as_secs_f64());
+        let failed = |kind: &str| {
+            metrics().errors.with_label_values(&[kind]).inc();
+            // The script may yet run: give back what it would take.
+            let _ = self
+                .outbox
+                .send(Outgoing::Release(key.clone(), member.clone()));
+        };
+        let reply = match reply {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => {
+                log::debug!("shared state: acquire failed: {e}");
+                failed(error_kind(&e));
+                return (run, Acquired::Alone);
+            }
+            Err(_) => {
+                failed("timeout");
+                return (run, Acquired::Alone);
+            }
+        };
+        match store::Reply::parse(&reply) {
+            Some(store::Reply::Granted) => {
+                self.leases.lock().insert(id, key.clone());
+                run.lease = Some(key);
+                (run, Acquired::Granted)
+            }
+            Some(store::Reply::Full(holders)) => (run, Acquired::Full(holders)),
+            None => {
+                failed("reply");
+                (run, Acquired::Alone)
+            }
+        }
+    }
+
+    fn lease_ms(&self) -> u64 {
+        u64::try_from(self.config.lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The time between beats: leases are renewed, `Alive` sent, facts written.
+    fn beat(&self) -> Duration {
+        (self.config.lease / 4).clamp(Duration::from_millis(250), Duration::from_secs(2))
+    }
+
+    fn publish(&self, event: Event) {
+        let _ = self.outbox.send(Outgoing::Publish(event));
+    }
+}
+
+/// A request's place in the shared books, from taking its lease to its end. Dropping it gives
+/// the lease back and tells the other replicas the request ended.
+pub struct Run {
+    shared: Arc<Shared>,
+    id: u64,
+    lease: Option<String>,
+    sent: bool,
+    kept: bool,
+}
+
+impl Run {
+    /// Tells the other replicas the request reached its node and took a slot there.
+    pub fn sent(&mut self, mut sent: Sent) {
+        sent.replica = self.shared.replica;
+        sent.run = self.id;
+        let mut published = self.shared.published.lock();
+        published.insert(self.id);
+        self.shared.publish(Event::Sent(sent));
+        self.sent = true;
+    }
+
+    /// The request failed before any reply: its slot holds nothing known.
+    pub fn abandoned(&mut self) {
+        self.kept = false;
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        if let Some(key) = self.lease.take() {
+            shared.leases.lock().remove(&self.id);
+            let member = store::member(shared.replica, self.id);
+            let _ = shared.outbox.send(Outgoing::Release(key, member));
+        }
+        if self.sent {
+            let mut published = shared.published.lock();
+            published.remove(&self.id);
+            shared.publish(Event::Ended(Ended {
+                replica: shared.replica,
+                run: self.id,
+                kept: self.kept,
+            }));
+        }
+    }
+}
+
+/// The `kind` label of `corral_shared_state_errors_total` for a store error.
+fn error_kind(e: &redis::RedisError) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        "connection"
+    } else {
+        "reply"
+    }
+}
+
+/// A replica id: random per process (std's hasher is seeded at random), never 0.
+fn replica_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish().max(1)
+}
+
+pub struct StoreMetrics {
+    /// `corral_shared_state_errors_total{kind}`.
+    pub errors: IntCounterVec,
+    /// `corral_shared_state_seconds{op}`: time the request path waited on the store.
+    pub seconds: HistogramVec,
+}
+
+/// Registered once per process, on first use (only replicas with a store use them).
+pub fn metrics() -> &'static StoreMetrics {
+    static METRICS: OnceLock<StoreMetrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let errors = IntCounterVec::new(
+            prometheus::Opts::new(
+                "corral_shared_state_errors_total",
+                "Store calls that failed or ran past shared_state.timeout; the replica decided alone",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let seconds = HistogramVec::new(
+            prometheus::HistogramOpts::new(
+                "corral_shared_state_seconds",
+                "Time a request waited on the shared store",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05,
+            ]),
+            &["op"],
+        )
+        .expect("valid metric");
+        // A second registry (tests build several routers in one process) keeps the first.
+        let _ = prometheus::register(Box::new(errors.clone()));
+        let _ = prometheus::register(Box::new(seconds.clone()));
+        StoreMetrics { errors, seconds }
+    })
+}

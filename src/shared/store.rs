@@ -1,0 +1,141 @@
+//! The store's keys and the scripts that keep the slot leases: one sorted set per node and
+//! model, of the requests that hold its slots (`replica:run`), scored by when each lease
+//! expires. Taking a lease is one script, so two replicas can never both take a node's last
+//! slot; a replica renews its leases every beat, so those of one that died expire.
+
+use redis::Script;
+
+/// The names under a key prefix.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Keys {
+        Keys {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// The channel every replica publishes its events on and listens to.
+    pub fn events(&self) -> String {
+        format!("{}:events", self.prefix)
+    }
+
+    /// The leases of a node's slots for a model.
+    pub fn slots(&self, node: &str, model: &str) -> String {
+        format!("{}:slots:{node}:{model}", self.prefix)
+    }
+
+    /// What replies taught about a node.
+    pub fn facts(&self, node: &str) -> String {
+        format!("{}:facts:{node}", self.prefix)
+    }
+}
+
+/// The member naming one request's lease.
+pub fn member(replica: u64, run: u64) -> String {
+    format!("{replica:016x}:{run}")
+}
+
+/// The replica and run a lease's member names; `None` for one corral did not write.
+pub fn parse_member(member: &str) -> Option<(u64, u64)> {
+    let (replica, run) = member.split_once(':')?;
+    Some((u64::from_str_radix(replica, 16).ok()?, run.parse().ok()?))
+}
+
+/// KEYS[1] the leases; ARGV: member, limit, lease in ms. Drops expired leases; takes one if
+/// fewer than the limit are held. Replies `granted`, or `full` followed by the holders.
+/// The store's clock scores the leases, so the replicas' clocks need not agree.
+const ACQUIRE: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local holders = redis.call('ZRANGE', KEYS[1], 0, -1)
+if #holders >= tonumber(ARGV[2]) then
+  table.insert(holders, 1, 'full')
+  return holders
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {'granted'}
+";
+
+/// KEYS: lease sets; ARGV[1] lease in ms, then one member per key. Pushes back the expiry of
+/// leases still held (`XX`: a lease already expired and dropped is not taken again).
+const RENEW: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local lease = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + lease, ARGV[i + 1])
+  redis.call('PEXPIRE', key, lease)
+end
+return #KEYS
+";
+
+pub struct Scripts {
+    pub acquire: Script,
+    pub renew: Script,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Scripts {
+            acquire: Script::new(ACQUIRE),
+            renew: Script::new(RENEW),
+        }
+    }
+}
+
+/// What the acquire script replied.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    Granted,
+    /// Every slot is held: by these (replica, run).
+    Full(Vec<(u64, u64)>),
+}
+
+impl Reply {
+    pub fn parse(reply: &[String]) -> Option<Reply> {
+        match reply.split_first()? {
+            (first, []) if first == "granted" => Some(Reply::Granted),
+            (first, holders) if first == "full" => Some(Reply::Full(
+                holders.iter().filter_map(|m| parse_member(m)).collect(),
+            )),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_name_replica_and_run() {
+        let m = member(0xabc, 42);
+        assert_eq!(m, "0000000000000abc:42");
+        assert_eq!(parse_member(&m), Some((0xabc, 42)));
+        assert_eq!(parse_member("someone-else"), None);
+    }
+
+    #[test]
+    fn replies_parse() {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(Reply::parse(&s(&["granted"])), Some(Reply::Granted));
+        let full = Reply::parse(&s(&["full", &member(1, 2), "junk"]));
+        assert_eq!(full, Some(Reply::Full(vec![(1, 2)])));
+        assert_eq!(Reply::parse(&s(&[])), None);
+        assert_eq!(Reply::parse(&s(&["granted", "x"])), None);
+    }
+
+    #[test]
+    fn keys_sit_under_the_prefix() {
+        let keys = Keys::new("lab");
+        assert_eq!(keys.slots("gpu", "llama3:8b"), "lab:slots:gpu:llama3:8b");
+        assert_eq!(keys.events(), "lab:events");
+        assert_eq!(keys.facts("gpu"), "lab:facts:gpu");
+    }
+}

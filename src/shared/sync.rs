@@ -1,0 +1,293 @@
+//! The background side of shared state: connects (and keeps connecting) to the store, sends
+//! what the request path queued, listens to the other replicas, and every beat renews this
+//! replica's leases, says which of its requests still run, writes what it learned of the
+//! nodes, and forgets replicas gone silent.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use hashbrown::HashMap;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use redis::aio::ConnectionManager;
+use tokio::sync::mpsc;
+
+use super::event::{Alive, Event, Waiting};
+use super::{Outgoing, Shared, error_kind, metrics, store};
+
+/// What a replica's books do with the shared state (the router implements it).
+pub trait Replica: Send + Sync + 'static {
+    /// Applies another replica's event.
+    fn apply(&self, event: Event);
+    /// Forgets what `replica` said (every other replica's, for `None`): it went silent, or
+    /// this replica no longer hears the store.
+    fn forget(&self, replica: Option<u64>);
+    /// The requests this replica has waiting, per node and model.
+    fn waits(&self) -> Vec<Waiting>;
+    /// What this replica learned of each node, by node name, to write to the store.
+    fn facts(&self) -> Vec<(String, String)>;
+    /// What the store holds of a node, written by a replica before: taken where this
+    /// replica knows nothing yet.
+    fn seed(&self, node: &str, facts: &str);
+}
+
+/// Longest a background call to the store may take.
+const CALL: Duration = Duration::from_secs(1);
+/// Reconnecting backs off from the first to the second.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+/// Facts written to the store expire this long after the last replica wrote them.
+const FACTS_TTL_S: u64 = 24 * 3600;
+
+pub struct Syncer {
+    shared: Arc<Shared>,
+    replica: Arc<dyn Replica>,
+    /// When each other replica was last heard.
+    heard: parking_lot::Mutex<HashMap<u64, Instant>>,
+}
+
+impl Syncer {
+    pub fn new(shared: Arc<Shared>, replica: Arc<dyn Replica>) -> Syncer {
+        Syncer {
+            shared,
+            replica,
+            heard: parking_lot::Mutex::default(),
+        }
+    }
+
+    async fn connect(&self, shutdown: &mut ShutdownWatch) -> Option<ConnectionManager> {
+        let mut backoff = BACKOFF.0;
+        loop {
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CALL))
+                .set_response_timeout(Some(CALL))
+                .set_max_delay(BACKOFF.1);
+            let connecting = self
+                .shared
+                .client
+                .get_connection_manager_with_config(config);
+            match tokio::time::timeout(CALL, connecting).await {
+                Ok(Ok(conn)) => return Some(conn),
+                Ok(Err(e)) => log::warn!("shared state: cannot connect: {e}"),
+                Err(_) => log::warn!("shared state: no connection within {CALL:?}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => return None,
+            }
+            backoff = (backoff * 2).min(BACKOFF.1);
+        }
+    }
+
+    /// Reads what earlier replicas wrote of the nodes.
+    async fn seed(&self, conn: &mut ConnectionManager) {
+        let nodes: Vec<String> = self.replica.facts().into_iter().map(|(n, _)| n).collect();
+        if nodes.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = nodes.iter().map(|n| self.shared.keys.facts(n)).collect();
+        let mut mget = redis::cmd("MGET");
+        mget.arg(&keys);
+        let read = mget.query_async::<Vec<Option<String>>>(conn);
+        match tokio::time::timeout(CALL, read).await {
+            Ok(Ok(values)) => {
+                for (node, facts) in nodes.iter().zip(values) {
+                    if let Some(facts) = facts {
+                        self.replica.seed(node, &facts);
+                    }
+                }
+            }
+            Ok(Err(e)) => log::warn!("shared state: cannot read node facts: {e}"),
+            Err(_) => log::warn!("shared state: node facts not read within {CALL:?}"),
+        }
+    }
+
+    /// Listens to the other replicas, reconnecting when the subscription breaks. While it is
+    /// broken, nothing they say arrives: their requests are forgotten, and this replica
+    /// decides on its own until it hears them again.
+    async fn listen(self: Arc<Self>) {
+        let mut backoff = BACKOFF.0;
+        let channel = self.shared.keys.events();
+        loop {
+            match self.shared.client.get_async_pubsub().await {
+                Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                    Ok(()) => {
+                        backoff = BACKOFF.0;
+                        let mut messages = pubsub.on_message();
+                        while let Some(message) = messages.next().await {
+                            self.heard(message.get_payload_bytes());
+                        }
+                        log::warn!("shared state: subscription lost; deciding alone");
+                    }
+                    Err(e) => log::warn!("shared state: cannot subscribe: {e}"),
+                },
+                Err(e) => log::debug!("shared state: cannot connect to listen: {e}"),
+            }
+            metrics().errors.with_label_values(&["subscription"]).inc();
+            self.heard.lock().clear();
+            self.replica.forget(None);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF.1);
+        }
+    }
+
+    fn heard(&self, payload: &[u8]) {
+        let event: Event = match serde_json::from_slice(payload) {
+            Ok(event) => event,
+            Err(e) => {
+                log::debug!("shared state: an event that does not parse: {e}");
+                return;
+            }
+        };
+        let from = event.replica();
+        if from == self.shared.replica {
+            return;
+        }
+        self.heard.lock().insert(from, Instant::now());
+        self.replica.apply(event);
+    }
+
+    /// Sends what the request path queued, in order, batching what queued meanwhile.
+    async fn send(self: Arc<Self>, conn: ConnectionManager, mut inbox: Inbox) {
+        let channel = self.shared.keys.events();
+        let mut batch = Vec::new();
+        while inbox.recv_many(&mut batch, 256).await > 0 {
+            let mut pipe = redis::pipe();
+            for outgoing in batch.drain(..) {
+                match outgoing {
+                    Outgoing::Publish(event) => match serde_json::to_string(&event) {
+                        Ok(text) => {
+                            pipe.publish(&channel, text).ignore();
+                        }
+                        Err(e) => log::warn!("shared state: event not sent: {e}"),
+                    },
+                    Outgoing::Release(key, member) => {
+                        pipe.zrem(key, member).ignore();
+                    }
+                }
+            }
+            let mut conn = conn.clone();
+            match tokio::time::timeout(CALL, pipe.query_async::<()>(&mut conn)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    log::debug!("shared state: send failed: {e}");
+                    metrics().errors.with_label_values(&[error_kind(&e)]).inc();
+                }
+                Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
+            }
+        }
+    }
+
+    /// One beat: renew leases, say what runs and waits, write facts, forget the silent.
+    async fn beat(&self, conn: &ConnectionManager) {
+        let shared = &self.shared;
+        let lease_ms = shared.lease_ms();
+        let leases: Vec<(u64, String)> = {
+            let leases = shared.leases.lock();
+            leases
+                .iter()
+                .map(|(run, key)| (*run, key.clone()))
+                .collect()
+        };
+        let mut conn = conn.clone();
+        if !leases.is_empty() {
+            let mut renew = shared.scripts.renew.prepare_invoke();
+            renew.arg(lease_ms);
+            for (run, key) in &leases {
+                renew.key(key).arg(store::member(shared.replica, *run));
+            }
+            let renewed = tokio::time::timeout(CALL, renew.invoke_async::<u64>(&mut conn));
+            match renewed.await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    log::debug!("shared state: leases not renewed: {e}");
+                    metrics().errors.with_label_values(&[error_kind(&e)]).inc();
+                }
+                Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
+            }
+        }
+        let mut pipe = redis::pipe();
+        let alive = {
+            let published = shared.published.lock();
+            Alive {
+                replica: shared.replica,
+                runs: published.iter().copied().collect(),
+                waits: self.replica.waits(),
+            }
+        };
+        if let Ok(text) = serde_json::to_string(&Event::Alive(alive)) {
+            pipe.publish(shared.keys.events(), text).ignore();
+        }
+        for (node, facts) in self.replica.facts() {
+            pipe.set_ex(shared.keys.facts(&node), facts, FACTS_TTL_S)
+                .ignore();
+        }
+        match tokio::time::timeout(CALL, pipe.query_async::<()>(&mut conn)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                log::debug!("shared state: beat failed: {e}");
+                metrics().errors.with_label_values(&[error_kind(&e)]).inc();
+            }
+            Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
+        }
+        let silent: Vec<u64> = {
+            let mut heard = self.heard.lock();
+            let lease = shared.config.lease;
+            let gone: Vec<u64> = (heard.iter())
+                .filter(|(_, at)| at.elapsed() > lease)
+                .map(|(replica, _)| *replica)
+                .collect();
+            heard.retain(|replica, _| !gone.contains(replica));
+            gone
+        };
+        for replica in silent {
+            log::info!("shared state: replica {replica:016x} went silent; forgetting it");
+            self.replica.forget(Some(replica));
+        }
+    }
+}
+
+type Inbox = mpsc::UnboundedReceiver<Outgoing>;
+
+/// The background service: [`Syncer`] running for the server's life.
+pub struct Service(pub Arc<Syncer>);
+
+#[async_trait]
+impl BackgroundService for Service {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let syncer = &self.0;
+        let Some(inbox) = syncer.shared.inbox.lock().take() else {
+            return;
+        };
+        let Some(mut conn) = syncer.connect(&mut shutdown).await else {
+            return;
+        };
+        log::info!(
+            "shared state: replica {:016x} connected",
+            syncer.shared.replica
+        );
+        syncer.seed(&mut conn).await;
+        // Loaded now, so that a request's first lease takes one round trip, not two. A store
+        // that restarts empty has them loaded again by the first call that misses them.
+        for script in [&syncer.shared.scripts.acquire, &syncer.shared.scripts.renew] {
+            let loading = script.load_async(&mut conn);
+            if let Ok(Err(e)) = tokio::time::timeout(CALL, loading).await {
+                log::warn!("shared state: cannot load a script: {e}");
+            }
+        }
+        syncer.shared.conn.store(Some(Arc::new(conn.clone())));
+        let listening = tokio::spawn(syncer.clone().listen());
+        let sending = tokio::spawn(syncer.clone().send(conn.clone(), inbox));
+        let mut tick = tokio::time::interval(syncer.shared.beat());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => syncer.beat(&conn).await,
+                _ = shutdown.changed() => break,
+            }
+        }
+        listening.abort();
+        sending.abort();
+    }
+}

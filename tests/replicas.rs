@@ -1,0 +1,231 @@
+//! Several corral replicas in front of one fleet, sharing state through a real
+//! `redis-server` (`shared_state:`): requests alternate between replicas as a load balancer
+//! in front of them would send them.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{NodeSpec, Router, Store, chat_body, client, fast_node, header, start};
+use corral::standin::{StandinKind, StandinNode};
+
+const NODES: usize = 3;
+const SLOTS: usize = 2;
+
+async fn fleet() -> Vec<StandinNode> {
+    let mut nodes = Vec::new();
+    for i in 0..NODES {
+        let mut cfg = fast_node(&format!("n{i}"));
+        cfg.num_parallel = SLOTS;
+        cfg.decode_per_token = Duration::from_millis(3);
+        // Current Ollama: llama-server's slots and its prompt cache in host memory.
+        cfg.kind = StandinKind::Ollama;
+        cfg.cache_ram_tokens = 50_000;
+        nodes.push(start(cfg).await);
+    }
+    nodes
+}
+
+fn specs(nodes: &[StandinNode]) -> Vec<NodeSpec> {
+    nodes.iter().map(|n| NodeSpec::of(n, SLOTS)).collect()
+}
+
+async fn replicas(nodes: &[StandinNode], count: usize, extra_yaml: &str) -> Vec<Router> {
+    let mut routers = Vec::new();
+    for _ in 0..count {
+        routers.push(Router::start(specs(nodes), extra_yaml).await);
+    }
+    routers
+}
+
+/// What a replay showed, read from the nodes' own logs.
+#[derive(Debug)]
+struct Replayed {
+    /// Of the follow-up turns, the share whose conversation the node had cached.
+    warm_share: f64,
+    /// The most requests for the model any node had open at once.
+    most_open: u32,
+    /// Requests that did not end in 200.
+    failed: usize,
+}
+
+/// `conversations` conversations of `turns` turns at once, each turn sent to the next
+/// replica in turn, as a round-robin balancer in front of them would.
+async fn replay(
+    routers: &[Router],
+    nodes: &[StandinNode],
+    conversations: usize,
+    turns: usize,
+) -> Replayed {
+    let urls: Vec<String> = routers.iter().map(Router::url).collect();
+    let mut tasks = Vec::new();
+    for c in 0..conversations {
+        let urls = urls.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut failed = 0;
+            let mut messages: Vec<String> = Vec::new();
+            for t in 0..turns {
+                let filler = "tell me more about the fleet and its nodes ".repeat(8);
+                messages.push(format!("conversation {c}, turn {t}: {filler}"));
+                let mut body = chat_body(&messages, false);
+                body["options"] = serde_json::json!({ "num_predict": 20 });
+                let url = &urls[(c + t) % urls.len()];
+                let reply = client()
+                    .post(format!("{url}/api/chat"))
+                    .json(&body)
+                    .send()
+                    .await;
+                let Ok(reply) = reply.map_err(|e| eprintln!("conversation {c}: {e}")) else {
+                    failed += 1;
+                    break;
+                };
+                if reply.status() != 200 {
+                    eprintln!("conversation {c}: {}", reply.status());
+                    failed += 1;
+                    break;
+                }
+                let body: serde_json::Value = reply.json().await.unwrap_or_default();
+                let text = body["message"]["content"].as_str().unwrap_or("ok");
+                messages.push(text.to_string());
+            }
+            failed
+        }));
+    }
+    let mut failed = 0;
+    for task in tasks {
+        failed += task.await.expect("conversation task");
+    }
+    let log: Vec<_> = nodes.iter().flat_map(|n| n.log()).collect();
+    let follow_ups = log.len().saturating_sub(conversations).max(1);
+    let warm = log
+        .iter()
+        .filter(|r| r.cached_tokens > 0 && r.cached_tokens * 2 >= r.prompt_tokens)
+        .count();
+    let most_open = nodes
+        .iter()
+        .filter_map(|n| n.most_open().get(common::MODEL).copied())
+        .max()
+        .unwrap_or(0);
+    Replayed {
+        warm_share: warm as f64 / follow_ups as f64,
+        most_open,
+        failed,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_sharing_a_store_act_as_one() {
+    let (conversations, turns) = (12, 4);
+    let store = Store::start().await;
+
+    let nodes = fleet().await;
+    let one = replicas(&nodes, 1, "").await;
+    let alone = replay(&one, &nodes, conversations, turns).await;
+    drop(one);
+
+    let nodes = fleet().await;
+    let metrics = [common::free_port(), common::free_port()];
+    let mut two = Vec::new();
+    for port in metrics {
+        let yaml = format!("{}metrics_listen: 127.0.0.1:{port}\n", store.yaml());
+        two.extend(replicas(&nodes, 1, &yaml).await);
+    }
+    // Both replicas subscribed before the replay.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let shared = replay(&two, &nodes, conversations, turns).await;
+    for port in metrics {
+        let scrape = common::scrape(port).await;
+        let store_lines = scrape
+            .lines()
+            .filter(|l| l.starts_with("corral_shared_state"));
+        for line in store_lines.filter(|l| !l.contains("_bucket")) {
+            eprintln!("{port} {line}");
+        }
+    }
+    drop(two);
+
+    let nodes = fleet().await;
+    let two_apart = replicas(&nodes, 2, "").await;
+    let apart = replay(&two_apart, &nodes, conversations, turns).await;
+    eprintln!("one replica {alone:?}\ntwo sharing {shared:?}\ntwo apart {apart:?}");
+
+    assert_eq!((alone.failed, shared.failed), (0, 0));
+    assert!(alone.most_open <= SLOTS as u32, "{alone:?}");
+    assert!(
+        shared.most_open <= SLOTS as u32,
+        "two replicas sent a node more than its {SLOTS} slots: {shared:?}"
+    );
+    assert!(
+        shared.warm_share >= alone.warm_share - 0.02,
+        "two replicas kept fewer follow-ups warm than one: {shared:?} against {alone:?}"
+    );
+}
+
+/// Sends turn 1 to one replica and turn 2 to the other: whether the second went where the
+/// first is warm.
+async fn follow_up_finds_its_node(a: &Router, b: &Router, n: usize) -> bool {
+    let first = vec![format!("a new conversation {n}: {}", "words ".repeat(60))];
+    let reply = client()
+        .post(format!("{}/api/chat", a.url()))
+        .json(&chat_body(&first, false))
+        .send()
+        .await
+        .expect("turn 1");
+    let node = header(&reply, "x-fleet-node");
+    let second = [first[0].clone(), "ok".into(), "and then?".into()];
+    let reply = client()
+        .post(format!("{}/api/chat", b.url()))
+        .json(&chat_body(&second, false))
+        .send()
+        .await
+        .expect("turn 2");
+    header(&reply, "x-fleet-node") == node && header(&reply, "x-fleet-affinity") == "hit"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_store_going_away_loses_no_request_and_sharing_resumes_when_it_is_back() {
+    let mut store = Store::start().await;
+    let nodes = fleet().await;
+    let metrics_port = common::free_port();
+    let yaml = format!("{}metrics_listen: 127.0.0.1:{metrics_port}\n", store.yaml());
+    let mut routers = replicas(&nodes, 1, &yaml).await;
+    routers.extend(replicas(&nodes, 1, &store.yaml()).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(follow_up_finds_its_node(&routers[0], &routers[1], 0).await);
+
+    // A replay across both replicas; the store dies in the middle of it.
+    let replaying = replay(&routers, &nodes, 8, 6);
+    let killing = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        store.stop();
+    };
+    let (replayed, ()) = tokio::join!(replaying, killing);
+    assert_eq!(replayed.failed, 0, "{replayed:?}");
+    let scrape = common::scrape(metrics_port).await;
+    let errors: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("corral_shared_state_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(errors > 0.0, "no store error counted:\n{scrape}");
+
+    // Requests keep being served without the store.
+    let started = Instant::now();
+    assert!(
+        client()
+            .post(format!("{}/api/chat", routers[1].url()))
+            .json(&chat_body(&["alone".into()], false))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    );
+    eprintln!("served without the store in {:?}", started.elapsed());
+
+    store.restart().await;
+    let mut n = 1;
+    common::eventually("the replicas share again", async || {
+        n += 1;
+        follow_up_finds_its_node(&routers[0], &routers[1], n).await
+    })
+    .await;
+}
