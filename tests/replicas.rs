@@ -229,3 +229,87 @@ async fn the_store_going_away_loses_no_request_and_sharing_resumes_when_it_is_ba
     })
     .await;
 }
+
+/// Starts a streamed chat of `tokens` tokens on `router` and returns it once its first
+/// chunk arrived: by then the request holds its slot on the node.
+async fn streaming(router: &Router, text: &str, tokens: u32) -> reqwest::Response {
+    let mut body = chat_body(&[text.to_string()], true);
+    body["options"] = serde_json::json!({ "num_predict": tokens });
+    let mut reply = client()
+        .post(format!("{}/api/chat", router.url()))
+        .json(&body)
+        .send()
+        .await
+        .expect("a streamed reply");
+    assert_eq!(reply.status(), 200);
+    let first = reply.chunk().await.expect("a first chunk");
+    assert!(first.is_some_and(|c| !c.is_empty()));
+    reply
+}
+
+async fn short_chat(router: &Router, text: &str) -> reqwest::StatusCode {
+    let mut body = chat_body(&[text.to_string()], false);
+    body["options"] = serde_json::json!({ "num_predict": 5 });
+    client()
+        .post(format!("{}/api/chat", router.url()))
+        .json(&body)
+        .send()
+        .await
+        .map_or(reqwest::StatusCode::BAD_GATEWAY, |r| r.status())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request() {
+    let store = Store::start().await;
+    let mut cfg = fast_node("n0");
+    cfg.num_parallel = 1;
+    cfg.decode_per_token = Duration::from_millis(10);
+    cfg.kind = StandinKind::Ollama;
+    cfg.cache_ram_tokens = 50_000;
+    let node = start(cfg).await;
+    let spec = || vec![NodeSpec::of(&node, 1)];
+    // Leases of 1 s, so that a dead replica's slot comes back within the test.
+    let yaml = format!("{}  lease: 1s\n", store.yaml());
+    let a = Router::start(spec(), &yaml).await;
+    let b = Router::start(spec(), &yaml).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A's request holds the one slot; B's waits for it, and is served when A's ends.
+    let mut running = streaming(&a, "a long answer, please", 100).await;
+    let waiting = tokio::spawn({
+        let url = b.url();
+        async move {
+            let mut body = chat_body(&["a short one".to_string()], false);
+            body["options"] = serde_json::json!({ "num_predict": 5 });
+            let reply = client().post(format!("{url}/api/chat")).json(&body).send();
+            reply.await.map(|r| r.status())
+        }
+    });
+    while running.chunk().await.expect("the stream goes on").is_some() {}
+    assert_eq!(waiting.await.expect("task").expect("a reply"), 200);
+    assert_eq!(
+        node.most_open().get(common::MODEL).copied(),
+        Some(1),
+        "B sent its request while A's held the node's one slot"
+    );
+
+    // A replica that starts now learns from the store what the others learned of the node.
+    let admin = common::free_port();
+    let joining = format!("{yaml}admin_listen: 127.0.0.1:{admin}\n");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let c = Router::start(spec(), &joining).await;
+    let fleet = common::get_json(&format!("http://127.0.0.1:{admin}/fleet")).await;
+    let learned = &fleet["nodes"][0]["models"][common::MODEL];
+    assert!(
+        learned["ttfb_ms"].as_f64().is_some_and(|ms| ms > 0.0)
+            && learned["decode_tokens_per_second"].as_f64().is_some(),
+        "the new replica knows nothing of n0: {fleet}"
+    );
+    drop(c);
+
+    // A dies holding the slot: its lease expires and B, having waited, is served.
+    let _held = streaming(&a, "an answer that never ends", 5_000).await;
+    drop(a);
+    assert_eq!(short_chat(&b, "after the crash").await, 200);
+    assert_eq!(node.most_open().get(common::MODEL).copied(), Some(1));
+}
