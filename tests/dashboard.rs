@@ -49,9 +49,10 @@ struct MetricsRouter {
 }
 
 impl MetricsRouter {
-    /// Starts corral in front of `nodes` (name, url, num_parallel) and waits until the proxy
-    /// and the metrics endpoint accept connections and the nodes have been polled.
-    async fn start(nodes: &[(&str, String, usize)]) -> MetricsRouter {
+    /// Starts corral in front of `nodes` (name, url, num_parallel), with `extra_yaml`
+    /// (top-level keys), and waits until the proxy and the metrics endpoint accept
+    /// connections and the nodes have been polled.
+    async fn start(nodes: &[(&str, String, usize)], extra_yaml: &str) -> MetricsRouter {
         let port = free_port();
         let metrics_port = free_port();
         let admin_port = free_port();
@@ -66,6 +67,7 @@ impl MetricsRouter {
              upgrade_sock: /tmp/corral-dashboard-{port}.sock\n\
              poll:\n  interval: 100ms\n  timeout: 1s\n\
              health:\n  interval: 500ms\n\
+             {extra_yaml}\
              nodes:\n"
         );
         for (name, url, parallel) in nodes {
@@ -501,7 +503,10 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     a.load_time = Duration::from_millis(150);
     let a = start(a).await;
     let reset = ResetNode::start("qwen2.5:14b").await;
-    let router = MetricsRouter::start(&[("a", a.url(), 1), ("reset", reset.url(), 2)]).await;
+    // With a store, for the shared-state panels (a replica alone exports the same metrics).
+    let store = Store::start().await;
+    let nodes = [("a", a.url(), 1), ("reset", reset.url(), 2)];
+    let router = MetricsRouter::start(&nodes, &store.yaml()).await;
 
     exercise(&router).await;
 

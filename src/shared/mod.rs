@@ -282,6 +282,16 @@ pub fn metrics() -> &'static StoreMetrics {
             &["op"],
         )
         .expect("valid metric");
+        // Every kind at 0 from the start, so that a rate over them reads 0, not "no data".
+        for kind in [
+            "not_connected",
+            "timeout",
+            "connection",
+            "reply",
+            "subscription",
+        ] {
+            errors.with_label_values(&[kind]);
+        }
         // A second registry (tests build several routers in one process) keeps the first.
         let _ = prometheus::register(Box::new(errors.clone()));
         let _ = prometheus::register(Box::new(seconds.clone()));

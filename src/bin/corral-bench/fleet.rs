@@ -372,6 +372,88 @@ pub struct CorralCounts {
     pub load_replies: u64,
 }
 
+impl CorralCounts {
+    /// The counts of two replicas together.
+    pub fn plus(self, other: CorralCounts) -> CorralCounts {
+        CorralCounts {
+            loads: self.loads + other.loads,
+            evictions: self.evictions + other.evictions,
+            load_replies: self.load_replies + other.load_replies,
+        }
+    }
+}
+
+/// `corral_shared_state_seconds{op="acquire"}` and `corral_shared_state_errors_total` of one
+/// or more replicas: how long requests waited on the shared store, and how often it failed.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StoreWait {
+    /// Cumulative counts by upper bound (seconds), as the histogram's buckets give them.
+    pub buckets: Vec<(f64, u64)>,
+    pub count: u64,
+    pub errors: u64,
+}
+
+impl StoreWait {
+    /// Reads it from a Prometheus text scrape.
+    pub fn parse(text: &str) -> StoreWait {
+        let mut buckets = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("corral_shared_state_seconds_bucket{") else {
+                continue;
+            };
+            let le = rest
+                .split("le=\"")
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .and_then(|v| v.parse::<f64>().ok());
+            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            if let (Some(le), Some(value)) = (le, value)
+                && le.is_finite()
+            {
+                buckets.push((le, value as u64));
+            }
+        }
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        StoreWait {
+            buckets,
+            count: metric_sum(text, "corral_shared_state_seconds_count"),
+            errors: metric_sum(text, "corral_shared_state_errors_total"),
+        }
+    }
+
+    /// Adds another replica's.
+    pub fn add(&mut self, other: &StoreWait) {
+        if self.buckets.is_empty() {
+            self.buckets = other.buckets.clone();
+        } else {
+            for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+                mine.1 += theirs.1;
+            }
+        }
+        self.count += other.count;
+        self.errors += other.errors;
+    }
+
+    /// The q-quantile in seconds, interpolated within its bucket as Prometheus'
+    /// `histogram_quantile` does; None when nothing was observed or it lies past the last
+    /// bucket.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = q * self.count as f64;
+        let mut below = (0.0, 0u64);
+        for &(le, cumulative) in &self.buckets {
+            if cumulative as f64 >= rank {
+                let inside = (cumulative - below.1).max(1) as f64;
+                return Some(below.0 + (le - below.0) * (rank - below.1 as f64) / inside);
+            }
+            below = (le, cumulative);
+        }
+        None
+    }
+}
+
 /// How often corral polls `/api/ps` and checks health during the replay.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -470,18 +552,27 @@ impl CorralProcess {
     /// intervals so that the last loads' polls are in.
     pub async fn counts(&self) -> Result<CorralCounts, String> {
         tokio::time::sleep(POLL_INTERVAL * 2).await;
-        let text = reqwest::get(&self.metrics_url)
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| format!("cannot scrape corral: {e}"))?
-            .text()
-            .await
-            .map_err(|e| format!("cannot read corral's metrics: {e}"))?;
+        let text = self.scrape().await?;
         Ok(CorralCounts {
             loads: metric_sum(&text, "corral_cold_loads_total"),
             evictions: metric_sum(&text, "corral_evictions_seen_total"),
             load_replies: metric_sum(&text, "corral_model_loads_total"),
         })
+    }
+
+    /// How long its requests waited on the shared store, from its metrics.
+    pub async fn store_wait(&self) -> Result<StoreWait, String> {
+        Ok(StoreWait::parse(&self.scrape().await?))
+    }
+
+    async fn scrape(&self) -> Result<String, String> {
+        reqwest::get(&self.metrics_url)
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("cannot scrape corral: {e}"))?
+            .text()
+            .await
+            .map_err(|e| format!("cannot read corral's metrics: {e}"))
     }
 }
 
@@ -570,6 +661,26 @@ mod tests {
                     corral_cold_loads_total_other 9\n";
         assert_eq!(metric_sum(text, "corral_cold_loads_total"), 3);
         assert_eq!(metric_sum(text, "corral_evictions_seen_total"), 0);
+    }
+
+    #[test]
+    fn store_wait_quantiles_interpolate_within_buckets() {
+        let text = "corral_shared_state_seconds_bucket{op=\"acquire\",le=\"0.0001\"} 0\n\
+                    corral_shared_state_seconds_bucket{op=\"acquire\",le=\"0.001\"} 80\n\
+                    corral_shared_state_seconds_bucket{op=\"acquire\",le=\"0.002\"} 100\n\
+                    corral_shared_state_seconds_bucket{op=\"acquire\",le=\"+Inf\"} 100\n\
+                    corral_shared_state_seconds_count{op=\"acquire\"} 100\n\
+                    corral_shared_state_errors_total{kind=\"timeout\"} 3\n";
+        let mut wait = StoreWait::parse(text);
+        assert_eq!(wait.buckets.len(), 3);
+        assert_eq!((wait.count, wait.errors), (100, 3));
+        // The 50th of 80 in (0.1, 1] ms: 0.1 + 0.9 x 50/80.
+        let p50 = wait.quantile(0.5).unwrap();
+        assert!((p50 - 0.000_662_5).abs() < 1e-9, "{p50}");
+        assert!((wait.quantile(0.99).unwrap() - 0.001_95).abs() < 1e-9);
+        wait.add(&StoreWait::parse(text));
+        assert_eq!((wait.count, wait.buckets[1].1), (200, 160));
+        assert_eq!(StoreWait::default().quantile(0.5), None);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //!   each under its own key and both under one.
 //! - `handoff` measures how long a node's slot stays free while requests wait for it, through
 //!   corral's queue and the nodes' own.
+//! - `replicas` runs 1, 2 and 4 corral replicas in front of one fleet, alone and sharing
+//!   state through Redis, with each conversation's turns alternating between them.
 //! - `replay` runs multi-turn workloads against a simulated fleet through corral and four
 //!   baseline policies in one run, and reports warm shares, TTFT, model churn and throughput.
 //! - `backend`, `bare-pingora`, `make-body`, `stream-probe`, `free-port` and
@@ -22,6 +24,7 @@ mod plot;
 mod policy;
 mod probe;
 mod replay;
+mod replicas;
 mod report;
 mod rng;
 mod suite;
@@ -145,6 +148,25 @@ enum Command {
         /// corral's `weights.move_cost` (0, its default, leaves it off).
         #[arg(long, default_value_t = 0.0)]
         move_cost: f64,
+    },
+    /// 1, 2 and 4 corral replicas in front of one fleet, alone and sharing a redis-server.
+    Replicas {
+        /// Replica counts to run (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        replicas: Vec<usize>,
+        /// Workload seeds (comma-separated): every cell runs once per seed.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+        seeds: Vec<u64>,
+        #[arg(long, default_value_t = 2)]
+        node_slots: usize,
+        /// Each node's host prompt cache, in tokens.
+        #[arg(long, default_value_t = 40_000)]
+        cache_ram_tokens: u32,
+        #[arg(long, default_value_t = 40.0)]
+        time_scale: f64,
+        /// The corral binary (default: the one next to corral-bench).
+        #[arg(long)]
+        corral: Option<PathBuf>,
     },
     /// Print a free loopback port.
     FreePort,
@@ -343,6 +365,34 @@ fn run(command: Command) -> Result<(), String> {
                 },
             };
             print!("{}", runtime()?.block_on(handoff::run(opts))?);
+            Ok(())
+        }
+        Command::Replicas {
+            replicas,
+            seeds,
+            node_slots,
+            cache_ram_tokens,
+            time_scale,
+            corral,
+        } => {
+            if replicas.contains(&0) || seeds.is_empty() || node_slots == 0 || time_scale <= 0.0 {
+                return Err(
+                    "--replicas, --node-slots and --time-scale must be above 0, and a seed given"
+                        .into(),
+                );
+            }
+            let opts = replicas::Options {
+                replicas,
+                seeds,
+                node_slots,
+                cache_ram_tokens,
+                scale: TimeScale(time_scale),
+                corral: match corral {
+                    Some(path) => path,
+                    None => fleet::sibling_corral()?,
+                },
+            };
+            print!("{}", runtime()?.block_on(replicas::run(opts))?);
             Ok(())
         }
         Command::FreePort => {

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::client;
-use crate::fleet::{CorralCounts, CorralProcess, Fleet, Plan, TimeScale};
+use crate::fleet::{CorralCounts, CorralProcess, Fleet, Plan, StoreWait, TimeScale};
 use crate::policy::{Picker, Policy};
 use crate::workload::{Conversation, WorkloadSpec, rendered_tokens};
 
@@ -30,6 +30,11 @@ pub struct Env {
     pub api: client::ChatApi,
     /// corral's `weights.move_cost`.
     pub move_cost: f64,
+    /// corral replicas in front of the fleet (at least 1); each turn goes to the next one,
+    /// as a round-robin balancer in front of them sends it.
+    pub replicas: usize,
+    /// The store the replicas share (`shared_state.url`); None: each decides alone.
+    pub store: Option<String>,
 }
 
 /// One turn as the client saw it.
@@ -74,6 +79,11 @@ pub struct Run {
     pub timed_out: bool,
     /// The nodes' `prompt_eval_count` counts cached tokens too (current Ollama).
     pub counts_cached: bool,
+    /// Per node, the most generating requests it had open at once for one model, and its
+    /// slots: what several replicas deciding alone overrun.
+    pub most_open: Vec<(u32, usize)>,
+    /// How long the replicas' requests waited on the shared store, from their metrics.
+    pub store_wait: Option<StoreWait>,
 }
 
 /// Shared by the conversations of one run.
@@ -82,7 +92,8 @@ struct RunCtx {
     spec: WorkloadSpec,
     picker: Picker,
     fleet: Fleet,
-    corral_url: Option<String>,
+    /// The corral replicas' URLs (none for the baselines).
+    corral_urls: Vec<String>,
     client: reqwest::Client,
     turn_timeout: Duration,
     api: client::ChatApi,
@@ -98,16 +109,23 @@ pub async fn run(
 ) -> Result<Run, String> {
     let plan = Plan::for_workload(spec);
     let fleet = Fleet::start(&plan, env.scale, env.node_kind, env.cache_ram_tokens).await?;
-    let corral = match (policy.through_corral(), &env.corral_bin) {
+    let corrals = match (policy.through_corral(), &env.corral_bin) {
         (true, Some(bin)) => {
-            let weights = match env.move_cost > 0.0 {
+            let mut extra = match env.move_cost > 0.0 {
                 true => format!("weights:\n  move_cost: {}\n", env.move_cost),
                 false => String::new(),
             };
-            Some(CorralProcess::start(bin, &fleet, env.scale, &weights, None).await?)
+            if let Some(url) = &env.store {
+                extra.push_str(&format!("shared_state:\n  url: {url}\n"));
+            }
+            let mut corrals = Vec::new();
+            for _ in 0..env.replicas.max(1) {
+                corrals.push(CorralProcess::start(bin, &fleet, env.scale, &extra, None).await?);
+            }
+            corrals
         }
         (true, None) => return Err("no corral binary to run".into()),
-        (false, _) => None,
+        (false, _) => Vec::new(),
     };
     let mut spec = spec.clone();
     if policy == Policy::CorralOneAtATime {
@@ -126,7 +144,7 @@ pub async fn run(
             fleet.configs.iter().map(|c| c.num_parallel).collect(),
             spec.seed,
         ),
-        corral_url: corral.as_ref().map(|c| c.url.clone()),
+        corral_urls: corrals.iter().map(|c| c.url.clone()).collect(),
         fleet,
         client,
         turn_timeout: env.turn_timeout,
@@ -163,11 +181,16 @@ pub async fn run(
         aborts.iter().for_each(|a| a.abort());
     }
     let elapsed = started.elapsed();
-    let corral_counts = match &corral {
-        Some(corral) => Some(corral.counts().await?),
-        None => None,
-    };
-    drop(corral);
+    let mut corral_counts = None;
+    let mut store_wait = env.store.as_ref().map(|_| StoreWait::default());
+    for corral in &corrals {
+        let counts = corral.counts().await?;
+        corral_counts = Some(counts.plus(corral_counts.unwrap_or_default()));
+        if let Some(wait) = &mut store_wait {
+            wait.add(&corral.store_wait().await?);
+        }
+    }
+    drop(corrals);
 
     let records = std::mem::take(&mut *sink.lock());
     let unsent = (spec.conversations * spec.turns).saturating_sub(records.len());
@@ -183,6 +206,13 @@ pub async fn run(
         timed_out,
         // Over /v1 the client reads evaluated tokens directly (see client::Reply).
         counts_cached: env.node_kind == StandinKind::Ollama && env.api == client::ChatApi::Ollama,
+        most_open: (ctx.fleet.nodes.iter().zip(&ctx.fleet.configs))
+            .map(|(node, cfg)| {
+                let most = node.most_open().into_values().max().unwrap_or(0);
+                (most, cfg.num_parallel)
+            })
+            .collect(),
+        store_wait,
     })
 }
 
@@ -248,7 +278,10 @@ async fn send_turn(
         }
     }
     let chosen = ctx.picker.pick(c.id, &candidates);
-    let base = match (&chosen, &ctx.corral_url) {
+    let replica = ctx
+        .corral_urls
+        .get((c.id + turn) % ctx.corral_urls.len().max(1));
+    let base = match (&chosen, replica) {
         (Some(f), _) => ctx.fleet.nodes[f.node].url(),
         (None, Some(url)) => url.clone(),
         (None, None) => {

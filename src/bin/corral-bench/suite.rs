@@ -45,6 +45,8 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
             _ => crate::client::ChatApi::Ollama,
         }),
         move_cost: opts.move_cost,
+        replicas: 1,
+        store: None,
     };
     let mut workloads = Vec::new();
     let seeds: Vec<Option<u64>> = if opts.seeds.is_empty() {
