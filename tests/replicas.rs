@@ -313,3 +313,77 @@ async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request
     assert_eq!(short_chat(&b, "after the crash").await, 200);
     assert_eq!(node.most_open().get(common::MODEL).copied(), Some(1));
 }
+
+/// A chat of `tokens` tokens under `key`, on `router`; returns when its reply ended.
+async fn keyed_chat(url: String, key: &str, text: &str, tokens: u32) -> Instant {
+    let mut body = chat_body(&[text.to_string()], false);
+    body["options"] = serde_json::json!({ "num_predict": tokens });
+    let reply = client()
+        .post(format!("{url}/api/chat"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("a reply");
+    assert_eq!(reply.status(), 200);
+    let _ = reply.bytes().await;
+    Instant::now()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn service_a_client_had_through_another_replica_counts_in_the_fair_order() {
+    let store = Store::start().await;
+    let mut cfg = fast_node("n0");
+    cfg.num_parallel = 1;
+    cfg.decode_per_token = Duration::from_millis(10);
+    let node = start(cfg).await;
+    let keys = "api_keys:\n  - {name: agent, key: k-agent}\n  - {name: person, key: k-person}\n  - {name: filler, key: k-filler}\n";
+    let admin = common::free_port();
+    let a = Router::start(
+        vec![NodeSpec::of(&node, 1)],
+        &format!("{}{keys}admin_listen: 127.0.0.1:{admin}\n", store.yaml()),
+    )
+    .await;
+    let b = Router::start(
+        vec![NodeSpec::of(&node, 1)],
+        &format!("{}{keys}", store.yaml()),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The agent has had about a second of the slot, all of it through B.
+    for i in 0..4 {
+        keyed_chat(b.url(), "k-agent", &format!("agent task {i}"), 25).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // On A, a third client holds the slot; the agent's request arrives, then the person's.
+    let mut body = chat_body(&["filler".to_string()], true);
+    body["options"] = serde_json::json!({ "num_predict": 40 });
+    let mut filler = client()
+        .post(format!("{}/api/chat", a.url()))
+        .bearer_auth("k-filler")
+        .json(&body)
+        .send()
+        .await
+        .expect("the filler's reply");
+    assert!(filler.chunk().await.expect("a chunk").is_some());
+    let waiting = async |n: u64| {
+        let url = format!("http://127.0.0.1:{admin}/fleet");
+        common::eventually("requests wait on A", async || {
+            common::get_json(&url).await["waiting"].as_u64() == Some(n)
+        })
+        .await;
+    };
+    let agent = tokio::spawn(keyed_chat(a.url(), "k-agent", "agent, on A", 5));
+    waiting(1).await;
+    let person = tokio::spawn(keyed_chat(a.url(), "k-person", "person, on A", 5));
+    waiting(2).await;
+    while filler.chunk().await.expect("the stream goes on").is_some() {}
+
+    let (agent, person) = (agent.await.expect("agent"), person.await.expect("person"));
+    assert!(
+        person < agent,
+        "the freed slot went to the agent, which had more service through the other replica"
+    );
+}

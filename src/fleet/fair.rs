@@ -45,6 +45,26 @@ impl From<&str> for ClientId {
     }
 }
 
+impl ClientId {
+    /// How other replicas name it (`shared_state:`): `key:NAME` or `addr:IP`.
+    pub fn wire(&self) -> Option<String> {
+        match self {
+            ClientId::Key(name) => Some(format!("key:{name}")),
+            ClientId::Address(ip) => Some(format!("addr:{ip}")),
+            ClientId::Unknown => None,
+        }
+    }
+
+    /// The client another replica named with [`ClientId::wire`].
+    pub fn from_wire(text: &str) -> Option<ClientId> {
+        match text.split_once(':')? {
+            ("key", name) => Some(ClientId::Key(name.into())),
+            ("addr", ip) => ip.parse().ok().map(ClientId::Address),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct FairShare {
     book: Mutex<Book>,
@@ -130,6 +150,22 @@ impl FairShare {
             client,
             charged: Mutex::new(None),
         }
+    }
+
+    /// Another replica's request of `client` held a slot for `held` (`shared_state:`): the
+    /// client's service had grows here too, so that every replica's fair order counts what
+    /// it had from all of them.
+    pub fn charge(&self, client: ClientId, held: Duration) {
+        let mut book = self.book.lock();
+        let floor = book.active_floor().unwrap_or(book.floor);
+        if book.clients.len() >= REMEMBERED {
+            book.clients.retain(|_, a| a.active > 0);
+        }
+        let account = book.clients.entry(client).or_default();
+        if account.active == 0 {
+            account.used = account.used.max(floor);
+        }
+        account.used += held.as_secs_f64();
     }
 
     /// Where `client` stands now; a client not active stands where it would start.
@@ -336,6 +372,35 @@ mod tests {
                 .contains_key(&ClientId::from("visitor"))
         );
         drop(keep);
+    }
+
+    #[test]
+    fn service_another_replica_gave_counts_here() {
+        let s = share();
+        let (agent, person) = (s.join("agent".into()), s.join("person".into()));
+        s.charge("agent".into(), secs(5.0));
+        assert_eq!(s.standing(&"agent".into()).used, 5.0);
+        assert!(s.standing(&"person".into()) < s.standing(&"agent".into()));
+        drop((agent, person));
+        // A client not active here is charged from where it would start.
+        let busy = s.join("busy".into());
+        busy.start();
+        busy.settle_held(secs(3.0));
+        s.charge("elsewhere".into(), secs(1.0));
+        assert_eq!(s.standing(&"elsewhere".into()).used, 3.0 + 1.0);
+        drop(busy);
+    }
+
+    #[test]
+    fn clients_keep_their_name_between_replicas() {
+        let ip: std::net::IpAddr = "10.0.0.7".parse().unwrap();
+        for client in [ClientId::from("team-a"), ClientId::Address(ip)] {
+            let wire = client.wire().unwrap();
+            assert_eq!(ClientId::from_wire(&wire), Some(client));
+        }
+        assert_eq!(ClientId::Unknown.wire(), None);
+        assert_eq!(ClientId::from_wire("addr:not-an-ip"), None);
+        assert_eq!(ClientId::from_wire("team-a"), None);
     }
 
     #[test]

@@ -125,6 +125,11 @@ impl Wakeups {
         }
     }
 
+    /// Another replica's request of `client` held a slot this long: see [`FairShare::charge`].
+    pub fn charge(&self, client: ClientId, held: std::time::Duration) {
+        self.fair.charge(client, held);
+    }
+
     /// A slot for `model` freed on `node` (a request ended, or a warm waiter left the slot it
     /// was left): one waiter gets it.
     pub fn slot_freed(&self, model: &str, node: &Arc<Node>) {

@@ -153,7 +153,10 @@ impl Forwarder {
             };
             let picked = match picked {
                 Pick::Send(candidate, mut dispatch) => {
-                    if router.share(&mut dispatch, profile).await {
+                    if router
+                        .share(&mut dispatch, profile, &ctx.client.requester.client)
+                        .await
+                    {
                         Pick::Send(candidate, dispatch)
                     } else {
                         Pick::HeldElsewhere(candidate)

@@ -6,15 +6,15 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::book::{Held, forget_if_unused, occupy};
 use super::{Dispatch, Entry, Router};
-use crate::fleet::Node;
 use crate::fleet::kind::Counting;
+use crate::fleet::{ClientId, Node};
 use crate::request::Profile;
 use crate::shared::{Acquired, Alive, Ended, Event, Replica, Sent, Waiting};
 
@@ -38,7 +38,12 @@ impl Router {
     /// Takes the request's lease on its node's slots in the shared store, where replicas
     /// share one. False when every slot is held by requests of all the replicas: the request
     /// gives its place back and decides again, now seeing them.
-    pub async fn share(self: &Arc<Self>, dispatch: &mut Dispatch, p: &Profile) -> bool {
+    pub async fn share(
+        self: &Arc<Self>,
+        dispatch: &mut Dispatch,
+        p: &Profile,
+        client: &ClientId,
+    ) -> bool {
         let Some(shared) = &self.shared else {
             return true;
         };
@@ -47,7 +52,7 @@ impl Router {
         }
         let node = dispatch.node.clone();
         let (run, acquired) = shared
-            .acquire(node.name(), &p.model_key, dispatch.limit)
+            .acquire(node.name(), &p.model_key, dispatch.limit, client.wire())
             .await;
         match acquired {
             Acquired::Granted | Acquired::Alone => {
@@ -161,6 +166,13 @@ impl Router {
         let run = self.remote.lock().runs.remove(&(ended.replica, ended.run));
         if let Some(run) = run {
             self.end(run, ended.kept);
+        }
+        let client = ended.client.as_deref().and_then(ClientId::from_wire);
+        let held = Duration::try_from_secs_f64(ended.held_s).unwrap_or_default();
+        if let Some(client) = client
+            && !held.is_zero()
+        {
+            self.fleet.wakeups.charge(client, held);
         }
     }
 

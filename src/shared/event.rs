@@ -53,6 +53,12 @@ pub struct Ended {
     /// The reply came: the slot holds the conversation. False when the request failed
     /// before any reply, so the slot is not known to hold anything.
     pub kept: bool,
+    /// Whose request it was (`key:NAME` or `addr:IP`) and how long it held the slot, in
+    /// seconds: what it counts in the fair order between clients.
+    #[serde(default)]
+    pub client: Option<String>,
+    #[serde(default)]
+    pub held_s: f64,
 }
 
 /// Sent every beat: the replica is alive, these of its requests run, these wait.

@@ -107,14 +107,16 @@ impl Shared {
         node: &str,
         model: &str,
         limit: usize,
+        client: Option<String>,
     ) -> (Run, Acquired) {
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut run = Run {
             shared: self.clone(),
             id,
             lease: None,
-            sent: false,
+            sent: None,
             kept: true,
+            client,
         };
         let Some(conn) = self.conn.load_full() else {
             metrics().errors.with_label_values(&["not_connected"]).inc();
@@ -122,11 +124,24 @@ impl Shared {
         };
         let key = self.keys.slots(node, model);
         let member = store::member(self.replica, id);
+        // Listed as held before the call, so that a concurrent call of this replica for the
+        // same key does not take the lease this one may be granted for one given back.
+        let live: Vec<String> = {
+            let mut leases = self.leases.lock();
+            leases.insert(id, key.clone());
+            (leases.iter())
+                .filter(|(_, k)| **k == key)
+                .map(|(run, _)| store::member(self.replica, *run))
+                .collect()
+        };
         let started = Instant::now();
         let call = async {
             let mut conn = (*conn).clone();
             let mut invocation = self.scripts.acquire.key(&key);
             invocation.arg(&member).arg(limit).arg(self.lease_ms());
+            invocation
+                .arg(store::member_prefix(self.replica))
+                .arg(&live);
             invocation.invoke_async::<Vec<String>>(&mut conn).await
         };
         let reply = tokio::time::timeout(self.config.timeout, call).await;
@@ -135,6 +150,7 @@ impl Shared {
             .with_label_values(&["acquire"])
             .observe(started.elapsed().as_secs_f64());
         let failed = |kind: &str| {
+            self.leases.lock().remove(&id);
             metrics().errors.with_label_values(&[kind]).inc();
             // The script may yet run: give back what it would take.
             let _ = self
@@ -155,11 +171,13 @@ impl Shared {
         };
         match store::Reply::parse(&reply) {
             Some(store::Reply::Granted) => {
-                self.leases.lock().insert(id, key.clone());
                 run.lease = Some(key);
                 (run, Acquired::Granted)
             }
-            Some(store::Reply::Full(holders)) => (run, Acquired::Full(holders)),
+            Some(store::Reply::Full(holders)) => {
+                self.leases.lock().remove(&id);
+                (run, Acquired::Full(holders))
+            }
             None => {
                 failed("reply");
                 (run, Acquired::Alone)
@@ -187,8 +205,11 @@ pub struct Run {
     shared: Arc<Shared>,
     id: u64,
     lease: Option<String>,
-    sent: bool,
+    /// When the request took its slot on the node, once it did.
+    sent: Option<Instant>,
     kept: bool,
+    /// Whose request it is ([`crate::fleet::fair::ClientId::wire`]).
+    client: Option<String>,
 }
 
 impl Run {
@@ -199,7 +220,7 @@ impl Run {
         let mut published = self.shared.published.lock();
         published.insert(self.id);
         self.shared.publish(Event::Sent(sent));
-        self.sent = true;
+        self.sent = Some(Instant::now());
     }
 
     /// The request failed before any reply: its slot holds nothing known.
@@ -216,13 +237,15 @@ impl Drop for Run {
             let member = store::member(shared.replica, self.id);
             let _ = shared.outbox.send(Outgoing::Release(key, member));
         }
-        if self.sent {
+        if let Some(sent) = self.sent {
             let mut published = shared.published.lock();
             published.remove(&self.id);
             shared.publish(Event::Ended(Ended {
                 replica: shared.replica,
                 run: self.id,
                 kept: self.kept,
+                client: self.client.take(),
+                held_s: sent.elapsed().as_secs_f64(),
             }));
         }
     }

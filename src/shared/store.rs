@@ -36,7 +36,12 @@ impl Keys {
 
 /// The member naming one request's lease.
 pub fn member(replica: u64, run: u64) -> String {
-    format!("{replica:016x}:{run}")
+    format!("{}{run}", member_prefix(replica))
+}
+
+/// What every member of one replica's leases starts with.
+pub fn member_prefix(replica: u64) -> String {
+    format!("{replica:016x}:")
 }
 
 /// The replica and run a lease's member names; `None` for one corral did not write.
@@ -45,13 +50,23 @@ pub fn parse_member(member: &str) -> Option<(u64, u64)> {
     Some((u64::from_str_radix(replica, 16).ok()?, run.parse().ok()?))
 }
 
-/// KEYS[1] the leases; ARGV: member, limit, lease in ms. Drops expired leases; takes one if
-/// fewer than the limit are held. Replies `granted`, or `full` followed by the holders.
-/// The store's clock scores the leases, so the replicas' clocks need not agree.
+/// KEYS[1] the leases; ARGV: member, limit, lease in ms, the replica's member prefix, then
+/// the replica's members that may hold a lease there. Drops expired leases, and the replica's
+/// own that it gave back since (a release still on its way must not turn away the request
+/// the freed slot was handed to); takes one if fewer than the limit are held. Replies
+/// `granted`, or `full` followed by the holders. The store's clock scores the leases, so the
+/// replicas' clocks need not agree.
 const ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local own, live = ARGV[4], {}
+for i = 5, #ARGV do live[ARGV[i]] = true end
+for _, holder in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if string.sub(holder, 1, #own) == own and not live[holder] then
+    redis.call('ZREM', KEYS[1], holder)
+  end
+end
 local holders = redis.call('ZRANGE', KEYS[1], 0, -1)
 if #holders >= tonumber(ARGV[2]) then
   table.insert(holders, 1, 'full')
