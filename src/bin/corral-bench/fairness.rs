@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use corral::standin::StandinKind;
 
 use crate::client::{ChatApi, chat, chat_body};
-use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, Plan, TimeScale};
+use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, Plan, RedisServer, TimeScale};
 use crate::workload::{WorkloadKind, WorkloadSpec};
 
 pub struct Options {
@@ -28,6 +28,9 @@ pub struct Options {
     pub corral: PathBuf,
     /// corral's `weights.move_cost` (0, its default, leaves it off).
     pub move_cost: f64,
+    /// corral replicas sharing a redis-server (1: one corral, no store); each request goes
+    /// to the next one.
+    pub replicas: usize,
 }
 
 const PERSON_KEY: &str = "key-person";
@@ -113,25 +116,37 @@ async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<
     if opts.move_cost > 0.0 {
         keys.push_str(&format!("weights:\n  move_cost: {}\n", opts.move_cost));
     }
-    let corral =
-        CorralProcess::start(&opts.corral, &fleet, opts.scale, &keys, Some(PERSON_KEY)).await?;
+    let store = match opts.replicas > 1 {
+        true => Some(RedisServer::start()?),
+        false => None,
+    };
+    if let Some(store) = &store {
+        keys.push_str(&format!("shared_state:\n  url: {}\n", store.url()));
+    }
+    let mut corrals = Vec::new();
+    for _ in 0..opts.replicas.max(1) {
+        let corral =
+            CorralProcess::start(&opts.corral, &fleet, opts.scale, &keys, Some(PERSON_KEY)).await?;
+        corrals.push(corral);
+    }
+    let urls: Vec<String> = corrals.iter().map(|c| c.url.clone()).collect();
     let agent_key = match case {
         Case::OneKey => PERSON_KEY,
         _ => AGENT_KEY,
     };
     let started = Instant::now();
     let agent = (case != Case::PersonAlone).then(|| {
-        let url = corral.url.clone();
-        tokio::spawn(agent_work(url, agent_key, run, opts.scale))
+        let urls = urls.clone();
+        tokio::spawn(agent_work(urls, agent_key, run, opts.scale))
     });
     let person = (case != Case::AgentAlone).then(|| {
-        let url = corral.url.clone();
+        let urls = urls.clone();
         let scale = opts.scale;
         tokio::spawn(async move {
             if case != Case::PersonAlone {
                 tokio::time::sleep(scale.of_secs(PERSON_START_SECS)).await;
             }
-            person_work(url, run, scale).await
+            person_work(urls, run, scale).await
         })
     });
     let mut m = Measured::default();
@@ -147,7 +162,8 @@ async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<
         m.person_turns = turns;
         m.errors += errors;
     }
-    drop(corral);
+    drop(corrals);
+    drop(store);
     drop(fleet);
     Ok(m)
 }
@@ -165,11 +181,13 @@ fn keyed_client(key: &str) -> Result<reqwest::Client, String> {
         .map_err(|e| format!("client: {e}"))
 }
 
-/// One conversation of `turns` turns, each sent `think` after the last reply ended; returns
-/// each turn's time to first token and whole time, in simulated seconds, and the errors.
+/// One conversation of `turns` turns, each sent `think` after the last reply ended, turn t to
+/// `urls[(offset + t) % urls.len()]`; returns each turn's time to first token and whole time,
+/// in simulated seconds, and the errors.
 async fn conversation(
     client: reqwest::Client,
-    url: String,
+    urls: Vec<String>,
+    offset: usize,
     first: String,
     turns: usize,
     think: Duration,
@@ -184,7 +202,8 @@ async fn conversation(
             .map(|(r, c)| (r.as_str(), c.as_str()))
             .collect();
         let body = chat_body(ChatApi::Ollama, CHAT_MODEL, &messages, REPLY_TOKENS);
-        match chat(&client, ChatApi::Ollama, &url, body, timeout).await {
+        let url = &urls[(offset + turn) % urls.len().max(1)];
+        match chat(&client, ChatApi::Ollama, url, body, timeout).await {
             Ok(reply) => {
                 // Simulated seconds: real durations times the scale.
                 if let Some(t) = reply.ttft {
@@ -205,7 +224,12 @@ async fn conversation(
     (ttft, whole, errors)
 }
 
-async fn agent_work(url: String, key: &str, run: usize, scale: TimeScale) -> (Vec<f64>, usize) {
+async fn agent_work(
+    urls: Vec<String>,
+    key: &str,
+    run: usize,
+    scale: TimeScale,
+) -> (Vec<f64>, usize) {
     let client = match keyed_client(key) {
         Ok(c) => c,
         Err(e) => {
@@ -218,7 +242,8 @@ async fn agent_work(url: String, key: &str, run: usize, scale: TimeScale) -> (Ve
         let task = format!("Run {run}, agent task {a}. ") + &"Refactor this module. ".repeat(280);
         tokio::spawn(conversation(
             client.clone(),
-            url.clone(),
+            urls.clone(),
+            a,
             task,
             AGENT_TURNS,
             Duration::ZERO,
@@ -234,7 +259,11 @@ async fn agent_work(url: String, key: &str, run: usize, scale: TimeScale) -> (Ve
     (turns, errors)
 }
 
-async fn person_work(url: String, run: usize, scale: TimeScale) -> (Vec<f64>, Vec<f64>, usize) {
+async fn person_work(
+    urls: Vec<String>,
+    run: usize,
+    scale: TimeScale,
+) -> (Vec<f64>, Vec<f64>, usize) {
     let client = match keyed_client(PERSON_KEY) {
         Ok(c) => c,
         Err(e) => {
@@ -247,7 +276,8 @@ async fn person_work(url: String, run: usize, scale: TimeScale) -> (Vec<f64>, Ve
         let first = format!("Run {run}, person's chat {c}: what should I cook tonight?");
         tokio::spawn(conversation(
             client.clone(),
-            url.clone(),
+            urls.clone(),
+            c,
             first,
             PERSON_TURNS,
             think,
@@ -279,13 +309,14 @@ fn report(opts: &Options, slots: usize, cases: &[Case], runs: &[Vec<Measured>]) 
     let cell = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
     let mut out = format!(
         "Three equal nodes x 2 slots (current Ollama stand-ins, slots told), time scale {}, \
-         move_cost {}; times simulated (real hardware's), seconds.\n\
+         move_cost {}, {} corral replica(s) (more than one: sharing a redis-server, each request \
+         to the next); times simulated (real hardware's), seconds.\n\
          person: {PERSON_CONVERSATIONS} conversations x {PERSON_TURNS} turns, \
          {PERSON_THINK_SECS} s pauses, from {PERSON_START_SECS} s; \
          agent: {AGENTS} conversations x {AGENT_TURNS} turns at once, 6,000-char tasks.\n\n\
          | run | case | person TTFT p50 | p90 | agent turn mean (with its wait) | agent wall | errors |\n\
          | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
-        opts.scale.0, opts.move_cost,
+        opts.scale.0, opts.move_cost, opts.replicas,
     );
     let mut verdicts = String::new();
     for (r, measured) in runs.iter().enumerate() {

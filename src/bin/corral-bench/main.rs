@@ -148,6 +148,9 @@ enum Command {
         /// corral's `weights.move_cost` (0, its default, leaves it off).
         #[arg(long, default_value_t = 0.0)]
         move_cost: f64,
+        /// corral replicas; more than one share a redis-server, each request to the next.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
     },
     /// 1, 2 and 4 corral replicas in front of one fleet, alone and sharing a redis-server.
     Replicas {
@@ -330,13 +333,15 @@ fn run(command: Command) -> Result<(), String> {
             time_scale,
             corral,
             move_cost,
+            replicas,
         } => {
-            if runs == 0 || time_scale <= 0.0 {
-                return Err("--runs and --time-scale must be above 0".into());
+            if runs == 0 || time_scale <= 0.0 || replicas == 0 {
+                return Err("--runs, --time-scale and --replicas must be above 0".into());
             }
             let opts = fairness::Options {
                 runs,
                 move_cost,
+                replicas,
                 scale: TimeScale(time_scale),
                 corral: match corral {
                     Some(path) => path,

@@ -9,15 +9,13 @@
 //! slots, and how long the replicas' requests waited on the store (p50, p99, from their
 //! `corral_shared_state_seconds` histograms) with the store's errors.
 
-use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use corral::standin::StandinKind;
 
 use crate::client::ChatApi;
-use crate::fleet::{self, StoreWait, TimeScale};
+use crate::fleet::{RedisServer, StoreWait, TimeScale};
 use crate::policy::Policy;
 use crate::replay::{self, Env};
 use crate::report;
@@ -176,44 +174,4 @@ fn report(opts: &Options, cells: &[(usize, bool)], measured: &[Vec<Measured>]) -
          over the seeds.\n",
     );
     out
-}
-
-/// A `redis-server` on a free loopback port, saving nothing; killed (by its pid) on drop.
-struct RedisServer {
-    child: Child,
-    port: u16,
-}
-
-impl RedisServer {
-    fn start() -> Result<RedisServer, String> {
-        let port = fleet::free_port()?;
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!("cannot start redis-server (apt-get install redis-server): {e}")
-            })?;
-        let server = RedisServer { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err("redis-server did not listen within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(server)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
