@@ -51,6 +51,11 @@ pub struct Config {
     pub api_keys: Vec<ApiKey>,
     /// Request headers read, in order, for an explicit session key when the body has none.
     pub session_headers: Vec<String>,
+    /// Load balancers and reverse proxies in front of corral, by address or network: for a
+    /// request one of them forwards, the client is the last address in `X-Forwarded-For`
+    /// that is not one of them (else every client would be the balancer).
+    #[serde(deserialize_with = "networks")]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     pub embed_fanout: EmbedFanoutConfig,
     pub management: ManagementConfig,
     /// One JSON line per request: `off`, `stdout`, or a file path to append to.
@@ -80,6 +85,7 @@ impl Default for Config {
                 .iter()
                 .map(|h| h.to_string())
                 .collect(),
+            trusted_proxies: Vec::new(),
             embed_fanout: EmbedFanoutConfig::default(),
             management: ManagementConfig::default(),
             access_log: "off".into(),
@@ -877,6 +883,19 @@ impl From<&str> for ApiKey {
     fn from(key: &str) -> ApiKey {
         ApiKey::Plain(key.to_string())
     }
+}
+
+/// `trusted_proxies`: networks (`10.0.0.0/8`) or single addresses (`10.0.0.5`).
+fn networks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    use serde::de::Error;
+    let texts = Vec::<String>::deserialize(d)?;
+    (texts.iter())
+        .map(|text| {
+            (text.parse::<ipnet::IpNet>())
+                .or_else(|_| text.parse::<IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| D::Error::custom(format!("'{text}' is not an address or a network")))
+        })
+        .collect()
 }
 
 fn validate_api_keys(keys: &[ApiKey]) -> Result<(), String> {

@@ -387,3 +387,58 @@ async fn service_a_client_had_through_another_replica_counts_in_the_fair_order()
         "the freed slot went to the agent, which had more service through the other replica"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_goes_to_the_fairest_waiting_request_whichever_replica_it_waits_in() {
+    let store = Store::start().await;
+    let mut cfg = fast_node("n0");
+    cfg.num_parallel = 1;
+    cfg.decode_per_token = Duration::from_millis(10);
+    let node = start(cfg).await;
+    let keys = "api_keys:\n  - {name: agent, key: k-agent}\n  - {name: person, key: k-person}\n  - {name: filler, key: k-filler}\n";
+    let (admin_x, admin_y) = (common::free_port(), common::free_port());
+    let replica = async |admin: u16| {
+        let yaml = format!("{}{keys}admin_listen: 127.0.0.1:{admin}\n", store.yaml());
+        Router::start(vec![NodeSpec::of(&node, 1)], &yaml).await
+    };
+    let (x, y) = (replica(admin_x).await, replica(admin_y).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The agent has had the slot for a while.
+    for i in 0..3 {
+        keyed_chat(x.url(), "k-agent", &format!("agent task {i}"), 25).await;
+    }
+
+    // A third client holds the slot through X; the agent's next request waits in X, the
+    // person's in Y.
+    let mut body = chat_body(&["filler".to_string()], true);
+    body["options"] = serde_json::json!({ "num_predict": 40 });
+    let mut filler = client()
+        .post(format!("{}/api/chat", x.url()))
+        .bearer_auth("k-filler")
+        .json(&body)
+        .send()
+        .await
+        .expect("the filler's reply");
+    assert!(filler.chunk().await.expect("a chunk").is_some());
+    let waits_in = async |admin: u16| {
+        let url = format!("http://127.0.0.1:{admin}/fleet");
+        common::eventually("a request waits", async || {
+            // Its own and the other replica's: a request counts once in each.
+            common::get_json(&url).await["waiting"].as_u64() >= Some(1)
+        })
+        .await;
+    };
+    let agent = tokio::spawn(keyed_chat(x.url(), "k-agent", "agent, on X", 5));
+    waits_in(admin_x).await;
+    let person = tokio::spawn(keyed_chat(y.url(), "k-person", "person, on Y", 5));
+    waits_in(admin_y).await;
+    // Both are entered among the node's waiters.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while filler.chunk().await.expect("the stream goes on").is_some() {}
+
+    let (agent, person) = (agent.await.expect("agent"), person.await.expect("person"));
+    assert!(
+        person < agent,
+        "the slot freed in X went to X's agent, though Y's person had less service"
+    );
+}

@@ -125,6 +125,22 @@ impl Wakeups {
         }
     }
 
+    /// Where `requester` stands in the fair order as one number, lower first, for replicas
+    /// to compare their waiting requests by (`shared_state:`): its class, then the service its
+    /// client had (which every replica counts alike, [`FairShare::charge`]).
+    pub fn rank(&self, requester: &Requester) -> f64 {
+        /// Virtual seconds no client reaches: every `batch` request ranks after every
+        /// `interactive` one.
+        const BATCH: f64 = 1e12;
+        let used = self
+            .fair
+            .standings(|standing| standing(&requester.client).used);
+        match requester.priority {
+            Priority::Interactive => used,
+            Priority::Batch => BATCH + used,
+        }
+    }
+
     /// Another replica's request of `client` held a slot this long: see [`FairShare::charge`].
     pub fn charge(&self, client: ClientId, held: std::time::Duration) {
         self.fair.charge(client, held);
@@ -252,6 +268,11 @@ impl Place {
 }
 
 impl Listener {
+    /// The request's number, unique in this process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Completes on news for this request: a slot handed to it, its model loaded or
     /// unloaded, fleet-wide news, sent after this call. Call it before looking at the fleet,
     /// so that news in between is not lost; from then on the request counts as looking.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
+use ipnet::IpNet;
 use parking_lot::Mutex;
 use pingora_http::RequestHeader;
 
@@ -21,6 +22,9 @@ pub struct Client {
     pub name: String,
     /// Its place among the clients sharing the fleet: a named key, else its address.
     pub requester: Requester,
+    /// Where it connected from: the connection's peer, or, through a trusted proxy, the
+    /// address the proxy forwarded for ([`address`]).
+    pub address: Option<IpAddr>,
     /// The named key's limits, if any.
     limits: Limits,
 }
@@ -83,6 +87,33 @@ impl Refusal {
     }
 }
 
+/// The address of the client that sent `req` over a connection from `peer`: the peer itself,
+/// unless it is one of `trusted` proxies; then the nearest address in `X-Forwarded-For` that
+/// is not (each proxy appends the address it was reached from), or the farthest one there when
+/// every one is trusted. A malformed entry ends the walk: what lies before it cannot be told.
+pub fn address(peer: Option<IpAddr>, req: &RequestHeader, trusted: &[IpNet]) -> Option<IpAddr> {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
+    let mut client = peer?;
+    if !is_trusted(&client) {
+        return Some(client);
+    }
+    let forwarded: Vec<&str> = (req.headers.get_all("x-forwarded-for").iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    for hop in forwarded.iter().rev() {
+        let Ok(ip) = hop.parse::<IpAddr>() else {
+            break;
+        };
+        client = ip;
+        if !is_trusted(&ip) {
+            break;
+        }
+    }
+    Some(client)
+}
+
 /// Identifies the client of a request: its named key (checked once, in constant time per
 /// key), else its address.
 pub fn identify(config: &Config, req: &RequestHeader, address: Option<IpAddr>) -> Client {
@@ -98,6 +129,7 @@ pub fn identify(config: &Config, req: &RequestHeader, address: Option<IpAddr>) -
                 client: ClientId::Key(named.name.as_str().into()),
                 priority: named.priority,
             },
+            address,
             limits: Limits {
                 max_requests: named.max_requests,
                 tokens_per_minute: named.tokens_per_minute,
@@ -109,6 +141,7 @@ pub fn identify(config: &Config, req: &RequestHeader, address: Option<IpAddr>) -
                 client: address.map_or(ClientId::Unknown, ClientId::Address),
                 priority: Priority::Interactive,
             },
+            address,
             limits: Limits::default(),
         },
     }
@@ -275,6 +308,47 @@ mod tests {
     }
 
     const ADDRESS: Option<IpAddr> = Some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+
+    fn forwarded(hops: &[&str]) -> RequestHeader {
+        let mut r = RequestHeader::build("POST", b"/api/chat", None).unwrap();
+        for value in hops {
+            r.append_header("x-forwarded-for", *value).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn behind_a_trusted_proxy_the_client_is_the_nearest_untrusted_forwarded_address() {
+        let c = config("trusted_proxies: [10.0.0.0/8, 192.168.1.5]");
+        let trusted = &c.trusted_proxies;
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        let balancer = ip("10.0.0.2");
+        // A client spoofing an address before the real hop does not pass for it.
+        let req = forwarded(&["1.2.3.4, 203.0.113.9", "192.168.1.5"]);
+        assert_eq!(address(balancer, &req, trusted), ip("203.0.113.9"));
+        // Every hop trusted: the farthest one.
+        let req = forwarded(&["10.1.1.1, 192.168.1.5"]);
+        assert_eq!(address(balancer, &req, trusted), ip("10.1.1.1"));
+        // No header, or a peer that is no proxy: the peer.
+        assert_eq!(address(balancer, &forwarded(&[]), trusted), balancer);
+        let stranger = ip("203.0.113.50");
+        let req = forwarded(&["1.2.3.4"]);
+        assert_eq!(address(stranger, &req, trusted), stranger);
+        assert_eq!(address(stranger, &req, &[]), stranger);
+        // A malformed hop ends the walk at the last address read.
+        let req = forwarded(&["203.0.113.9, garbage, 10.3.3.3"]);
+        assert_eq!(address(balancer, &req, trusted), ip("10.3.3.3"));
+        assert_eq!(address(None, &req, trusted), None);
+    }
+
+    #[test]
+    fn trusted_proxies_must_be_addresses_or_networks() {
+        let err = Config::from_yaml("trusted_proxies: [10.0.0.0/8, balancer]\n").unwrap_err();
+        assert!(
+            err.contains("trusted_proxies") && err.contains("'balancer' is not an address"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_named_key_is_its_own_client_and_others_go_by_address() {

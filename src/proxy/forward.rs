@@ -35,6 +35,15 @@ pub struct Forwarder {
     account: Account,
 }
 
+/// Takes a request off the waiters the replicas share when dropped.
+struct Unwait<'r>(&'r Router, u64);
+
+impl Drop for Unwait<'_> {
+    fn drop(&mut self) {
+        self.0.unwait(self.1);
+    }
+}
+
 /// Why an attempt on one node failed before any byte of its reply reached the client, so
 /// the next node may be tried.
 struct AttemptError {
@@ -119,6 +128,8 @@ impl Forwarder {
         // When the request began waiting in corral for the attempt it makes next.
         let mut waiting_since: Option<Instant> = None;
         let listener = router.listen(&profile.model_key, ctx.client.requester.clone());
+        // Off the waiters the replicas share however this ends (`shared_state:`).
+        let _unwait = Unwait(router, listener.id());
         loop {
             // Listen before looking, so that news meanwhile is not missed.
             let news = listener.news(&router.fleet.wakeups);
@@ -153,8 +164,9 @@ impl Forwarder {
             };
             let picked = match picked {
                 Pick::Send(candidate, mut dispatch) => {
+                    let requester = &ctx.client.requester;
                     if router
-                        .share(&mut dispatch, profile, &ctx.client.requester.client)
+                        .share(&mut dispatch, profile, requester, listener.id())
                         .await
                     {
                         Pick::Send(candidate, dispatch)
@@ -164,6 +176,12 @@ impl Forwarder {
                 }
                 picked => picked,
             };
+            let waits_for = match &picked {
+                Pick::Wait(best) | Pick::HeldElsewhere(best) => Some(best.node.as_ref()),
+                _ => None,
+            };
+            let requester = &ctx.client.requester;
+            router.waits_for(listener.id(), requester, waits_for, &profile.model_key);
             let (best, awaited) = match picked {
                 Pick::Send(candidate, dispatch) => {
                     listener.sent(candidate.node.id, handoff);

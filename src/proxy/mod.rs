@@ -108,7 +108,9 @@ impl Corral {
             let message = "a valid API key is required: Authorization: Bearer <key>";
             return respond::refuse(session, ctx, 401, message, &challenge).await;
         }
-        ctx.client = clients::identify(&config, session.req_header(), client_ip(session));
+        let req = session.req_header();
+        let address = clients::address(client_ip(session), req, &config.trusted_proxies);
+        ctx.client = clients::identify(&config, req, address);
         let fleet = &self.router.fleet;
         let (status, result) = match route {
             Route::Model(endpoint) => {
@@ -228,7 +230,7 @@ impl Corral {
         let per_address = config.queue.per_client;
         let _admitted = match self
             .clients
-            .admit(&ctx.client, client_ip(session), per_address)
+            .admit(&ctx.client, ctx.client.address, per_address)
         {
             Ok(admitted) => admitted,
             Err(refusal) => {
@@ -398,7 +400,11 @@ impl ProxyHttp for Corral {
             let req = session.req_header();
             self.access_log.write(&access_log::Entry {
                 time: access_log::now(),
-                client: session.client_addr().map(|a| a.to_string()),
+                client: match ctx.client.address {
+                    // Forwarded by a trusted proxy: the client it forwarded for.
+                    Some(ip) if Some(ip) != client_ip(session) => Some(ip.to_string()),
+                    _ => session.client_addr().map(|a| a.to_string()),
+                },
                 method: req.method.as_str(),
                 endpoint: req.uri.path(),
                 model: ctx.model.as_deref(),

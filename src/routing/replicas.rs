@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use super::book::{Held, forget_if_unused, occupy};
 use super::{Dispatch, Entry, Router};
 use crate::fleet::kind::Counting;
-use crate::fleet::{ClientId, Node};
+use crate::fleet::{ClientId, Node, Requester};
 use crate::request::Profile;
-use crate::shared::{Acquired, Alive, Ended, Event, Replica, Sent, Waiting};
+use crate::shared::{Acquired, Alive, Ended, Event, Replica, Sent, Slots, Waiting};
 
 /// Requests and waits of the other replicas.
 #[derive(Default)]
@@ -42,7 +42,8 @@ impl Router {
         self: &Arc<Self>,
         dispatch: &mut Dispatch,
         p: &Profile,
-        client: &ClientId,
+        requester: &Requester,
+        request: u64,
     ) -> bool {
         let Some(shared) = &self.shared else {
             return true;
@@ -51,9 +52,14 @@ impl Router {
             return true;
         }
         let node = dispatch.node.clone();
-        let (run, acquired) = shared
-            .acquire(node.name(), &p.model_key, dispatch.limit, client.wire())
-            .await;
+        let slots = Slots {
+            node: node.name(),
+            model: &p.model_key,
+            limit: dispatch.limit,
+        };
+        let rank = self.fleet.wakeups.rank(requester);
+        let client = requester.client.wire();
+        let (run, acquired) = shared.acquire(slots, client, request, rank).await;
         match acquired {
             Acquired::Granted | Acquired::Alone => {
                 dispatch.run = Some(run);
@@ -63,6 +69,28 @@ impl Router {
                 self.note_holders(&node, &p.model_key, &holders, shared.replica());
                 false
             }
+        }
+    }
+
+    /// `request` waits for `node`'s slot of `model` (None: for no node), among the waiters
+    /// the replicas share.
+    pub fn waits_for(&self, request: u64, requester: &Requester, node: Option<&Node>, model: &str) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        match node {
+            Some(node) => {
+                let rank = self.fleet.wakeups.rank(requester);
+                shared.waits_for(request, node.name(), model, rank);
+            }
+            None => shared.unwait(request),
+        }
+    }
+
+    /// `request` waits no more: see [`crate::shared::Shared::unwait`].
+    pub fn unwait(&self, request: u64) {
+        if let Some(shared) = &self.shared {
+            shared.unwait(request);
         }
     }
 

@@ -45,12 +45,32 @@ pub struct Shared {
     published: parking_lot::Mutex<HashSet<u64>>,
     /// Leases held, by run: their key, renewed every beat.
     leases: parking_lot::Mutex<hashbrown::HashMap<u64, String>>,
+    /// Requests entered among a node's waiters (the node and model they wait for, by the
+    /// keys of its waiters' ranks and deadlines), renewed every beat until they leave.
+    waiting: parking_lot::Mutex<hashbrown::HashMap<u64, Entered>>,
     next_run: AtomicU64,
+}
+
+/// A node's slots of one model, `limit` of them: what a lease is taken of.
+pub struct Slots<'a> {
+    pub node: &'a str,
+    pub model: &'a str,
+    pub limit: usize,
+}
+
+/// Where a waiting request is entered among the waiters, and with what rank.
+#[derive(Clone, PartialEq)]
+struct Entered {
+    /// The keys of the waiters' ranks and deadlines ([`store::Keys::waiters`]).
+    keys: (String, String),
+    rank: f64,
 }
 
 /// What the background task sends for the request path.
 enum Outgoing {
     Publish(Event),
+    /// Enters a request among a node's waiters, or updates its rank.
+    Enter(Entered, String, u64),
     /// Gives a lease back (key, member).
     Release(String, String),
 }
@@ -84,6 +104,7 @@ impl Shared {
             inbox: parking_lot::Mutex::new(Some(inbox)),
             published: parking_lot::Mutex::default(),
             leases: parking_lot::Mutex::default(),
+            waiting: parking_lot::Mutex::default(),
             next_run: AtomicU64::new(1),
         }))
     }
@@ -99,16 +120,21 @@ impl Shared {
         (self.replica & 0x3f_ffff) << 40
     }
 
-    /// A request about to go to `node`: takes a lease of one of its `limit` slots for `model`.
-    /// Waits at most `shared_state.timeout`; the returned run gives the lease back when
-    /// dropped, and tells the other replicas where the request went ([`Run::sent`]).
+    /// A request about to go to `node`: takes a lease of one of its `limit` slots for `model`,
+    /// unless requests that rank before it (`rank`: its place in the fair order between
+    /// clients, lower first) wait for one, in any replica; then `request` (this replica's
+    /// number for the request, the same on every try) is entered among the node's waiters,
+    /// until it is granted a lease or [`Shared::unwait`]. Waits at most `shared_state.timeout`;
+    /// the returned run gives the lease back when dropped, and tells the other replicas where
+    /// the request went ([`Run::sent`]).
     pub async fn acquire(
         self: &Arc<Self>,
-        node: &str,
-        model: &str,
-        limit: usize,
+        slots: Slots<'_>,
         client: Option<String>,
+        request: u64,
+        rank: f64,
     ) -> (Run, Acquired) {
+        let Slots { node, model, limit } = slots;
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut run = Run {
             shared: self.clone(),
@@ -134,14 +160,18 @@ impl Shared {
                 .map(|(run, _)| store::member(self.replica, *run))
                 .collect()
         };
+        let waiters = self.keys.waiters(node, model);
+        let waiter = store::waiter(self.replica, request);
+        let rank = if rank.is_finite() { rank } else { f64::MAX };
         let started = Instant::now();
         let call = async {
             let mut conn = (*conn).clone();
             let mut invocation = self.scripts.acquire.key(&key);
+            invocation.key(&waiters.0).key(&waiters.1);
             invocation.arg(&member).arg(limit).arg(self.lease_ms());
-            invocation
-                .arg(store::member_prefix(self.replica))
-                .arg(&live);
+            invocation.arg(store::member_prefix(self.replica));
+            invocation.arg(&waiter).arg(rank).arg(self.waiter_ms());
+            invocation.arg(&live);
             invocation.invoke_async::<Vec<String>>(&mut conn).await
         };
         let reply = tokio::time::timeout(self.config.timeout, call).await;
@@ -172,10 +202,23 @@ impl Shared {
         match store::Reply::parse(&reply) {
             Some(store::Reply::Granted) => {
                 run.lease = Some(key);
+                // The script took it off this node's waiters; off any other's too.
+                let before = self.waiting.lock().remove(&request);
+                if let Some(before) = before.filter(|e| e.keys != waiters) {
+                    self.leave(before.keys, waiter);
+                }
                 (run, Acquired::Granted)
             }
             Some(store::Reply::Full(holders)) => {
                 self.leases.lock().remove(&id);
+                let entered = Entered {
+                    keys: waiters.clone(),
+                    rank,
+                };
+                let before = self.waiting.lock().insert(request, entered);
+                if let Some(before) = before.filter(|e| e.keys != waiters) {
+                    self.leave(before.keys, waiter);
+                }
                 (run, Acquired::Full(holders))
             }
             None => {
@@ -183,6 +226,44 @@ impl Shared {
                 (run, Acquired::Alone)
             }
         }
+    }
+
+    /// `request`, of rank `rank`, waits for `node`'s slot of `model`: it is entered among that
+    /// node's waiters (and taken off any other's), so that every replica's requests for the
+    /// slot give it way when it ranks before them.
+    pub fn waits_for(&self, request: u64, node: &str, model: &str, rank: f64) {
+        let entered = Entered {
+            keys: self.keys.waiters(node, model),
+            rank: if rank.is_finite() { rank } else { f64::MAX },
+        };
+        let before = self.waiting.lock().insert(request, entered.clone());
+        if before.as_ref() == Some(&entered) {
+            return;
+        }
+        let waiter = store::waiter(self.replica, request);
+        if let Some(before) = before.filter(|e| e.keys != entered.keys) {
+            self.leave(before.keys, waiter.clone());
+        }
+        let _ = (self.outbox).send(Outgoing::Enter(entered, waiter, self.waiter_ms()));
+    }
+
+    /// `request` waits no more (it ended, or goes on without a lease): off the waiters.
+    pub fn unwait(&self, request: u64) {
+        let left = self.waiting.lock().remove(&request);
+        if let Some(entered) = left {
+            self.leave(entered.keys, store::waiter(self.replica, request));
+        }
+    }
+
+    fn leave(&self, (rank, until): (String, String), waiter: String) {
+        let _ = (self.outbox).send(Outgoing::Release(rank, waiter.clone()));
+        let _ = self.outbox.send(Outgoing::Release(until, waiter));
+    }
+
+    /// How long a waiter's entry lasts unless renewed: two beats, so that one late beat does
+    /// not drop it, and a dead replica's waiters hold no slot back for long.
+    fn waiter_ms(&self) -> u64 {
+        u64::try_from((self.beat() * 2).as_millis()).unwrap_or(u64::MAX)
     }
 
     fn lease_ms(&self) -> u64 {

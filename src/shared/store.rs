@@ -28,6 +28,13 @@ impl Keys {
         format!("{}:slots:{node}:{model}", self.prefix)
     }
 
+    /// The requests waiting for a node's slot of a model, by rank (lower goes first), and
+    /// when each one's entry expires unless renewed.
+    pub fn waiters(&self, node: &str, model: &str) -> (String, String) {
+        let base = format!("{}:waiters:{node}:{model}", self.prefix);
+        (format!("{base}:rank"), format!("{base}:until"))
+    }
+
     /// What replies taught about a node.
     pub fn facts(&self, node: &str) -> String {
         format!("{}:facts:{node}", self.prefix)
@@ -37,6 +44,11 @@ impl Keys {
 /// The member naming one request's lease.
 pub fn member(replica: u64, run: u64) -> String {
     format!("{}{run}", member_prefix(replica))
+}
+
+/// The member naming one waiting request; it never names a lease.
+pub fn waiter(replica: u64, request: u64) -> String {
+    format!("{}w{request}", member_prefix(replica))
 }
 
 /// What every member of one replica's leases starts with.
@@ -50,31 +62,60 @@ pub fn parse_member(member: &str) -> Option<(u64, u64)> {
     Some((u64::from_str_radix(replica, 16).ok()?, run.parse().ok()?))
 }
 
-/// KEYS[1] the leases; ARGV: member, limit, lease in ms, the replica's member prefix, then
-/// the replica's members that may hold a lease there. Drops expired leases, and the replica's
-/// own that it gave back since (a release still on its way must not turn away the request
-/// the freed slot was handed to); takes one if fewer than the limit are held. Replies
-/// `granted`, or `full` followed by the holders. The store's clock scores the leases, so the
-/// replicas' clocks need not agree.
+/// KEYS: the leases, the waiters' ranks, the waiters' deadlines. ARGV: member, limit, lease
+/// in ms, the replica's member prefix, the waiting request, its rank, how long its entry lasts
+/// in ms, then the replica's members that may hold a lease there.
+///
+/// Drops expired leases and waiters, and the replica's own leases that it gave back since (a
+/// release still on its way must not turn away the request the freed slot was handed to).
+/// Grants a lease when a slot is free and fewer waiters rank before this request than slots
+/// are free, so that a slot goes to the request first in the fair order whichever replica
+/// it waits in; else enters or keeps the request among the waiters. Replies `granted`, or
+/// `full` followed by the holders. The store's clock scores the leases and the waiters, so
+/// the replicas' clocks need not agree.
 const ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
+  redis.call('ZREM', KEYS[2], gone)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local own, live = ARGV[4], {}
-for i = 5, #ARGV do live[ARGV[i]] = true end
+for i = 8, #ARGV do live[ARGV[i]] = true end
 for _, holder in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   if string.sub(holder, 1, #own) == own and not live[holder] then
     redis.call('ZREM', KEYS[1], holder)
   end
 end
 local holders = redis.call('ZRANGE', KEYS[1], 0, -1)
-if #holders >= tonumber(ARGV[2]) then
-  table.insert(holders, 1, 'full')
-  return holders
+local free = tonumber(ARGV[2]) - #holders
+if free > 0 and redis.call('ZCOUNT', KEYS[2], '-inf', '(' .. ARGV[6]) < free then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('ZREM', KEYS[2], ARGV[5])
+  redis.call('ZREM', KEYS[3], ARGV[5])
+  return {'granted'}
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[6], ARGV[5])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[7])
+redis.call('PEXPIRE', KEYS[3], ARGV[7])
+table.insert(holders, 1, 'full')
+return holders
+";
+
+/// KEYS: the waiters' ranks and deadlines; ARGV: the waiting request, its rank, how long its
+/// entry lasts in ms. Enters the request among the waiters for a node's slot, or updates its
+/// rank. Sent with EVAL (in a pipeline, and small): it needs no loading.
+pub const ENTER: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {'granted'}
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
 ";
 
 /// KEYS: lease sets; ARGV[1] lease in ms, then one member per key. Pushes back the expiry of

@@ -162,6 +162,13 @@ impl Syncer {
                         }
                         Err(e) => log::warn!("shared state: event not sent: {e}"),
                     },
+                    Outgoing::Enter(entered, waiter, ms) => {
+                        let (rank, until) = &entered.keys;
+                        let mut enter = redis::cmd("EVAL");
+                        enter.arg(store::ENTER).arg(2).arg(rank).arg(until);
+                        enter.arg(waiter).arg(entered.rank).arg(ms);
+                        pipe.add_command(enter).ignore();
+                    }
                     Outgoing::Release(key, member) => {
                         pipe.zrem(key, member).ignore();
                     }
@@ -179,34 +186,46 @@ impl Syncer {
         }
     }
 
-    /// One beat: renew leases, say what runs and waits, write facts, forget the silent.
+    /// Pushes back the deadlines of `entries` (key, member) by `ms`, where they still stand.
+    async fn renew(&self, conn: &mut ConnectionManager, entries: &[(String, String)], ms: u64) {
+        if entries.is_empty() {
+            return;
+        }
+        let mut renew = self.shared.scripts.renew.prepare_invoke();
+        renew.arg(ms);
+        for (key, member) in entries {
+            renew.key(key).arg(member);
+        }
+        match tokio::time::timeout(CALL, renew.invoke_async::<u64>(conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                log::debug!("shared state: deadlines not renewed: {e}");
+                metrics().errors.with_label_values(&[error_kind(&e)]).inc();
+            }
+            Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
+        }
+    }
+
+    /// One beat: renew leases and waiters, say what runs and waits, write facts, forget the
+    /// silent.
     async fn beat(&self, conn: &ConnectionManager) {
         let shared = &self.shared;
-        let lease_ms = shared.lease_ms();
-        let leases: Vec<(u64, String)> = {
-            let leases = shared.leases.lock();
-            leases
-                .iter()
-                .map(|(run, key)| (*run, key.clone()))
-                .collect()
-        };
+        let replica = shared.replica;
+        let leases: Vec<(String, String)> = (shared.leases.lock().iter())
+            .map(|(run, key)| (key.clone(), store::member(replica, *run)))
+            .collect();
+        let waiting: Vec<(String, String, String)> = (shared.waiting.lock().iter())
+            .map(|(request, entered)| {
+                let (rank, until) = entered.keys.clone();
+                (rank, until, store::waiter(replica, *request))
+            })
+            .collect();
         let mut conn = conn.clone();
-        if !leases.is_empty() {
-            let mut renew = shared.scripts.renew.prepare_invoke();
-            renew.arg(lease_ms);
-            for (run, key) in &leases {
-                renew.key(key).arg(store::member(shared.replica, *run));
-            }
-            let renewed = tokio::time::timeout(CALL, renew.invoke_async::<u64>(&mut conn));
-            match renewed.await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    log::debug!("shared state: leases not renewed: {e}");
-                    metrics().errors.with_label_values(&[error_kind(&e)]).inc();
-                }
-                Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
-            }
-        }
+        self.renew(&mut conn, &leases, shared.lease_ms()).await;
+        let until: Vec<(String, String)> = (waiting.iter())
+            .map(|(_, until, waiter)| (until.clone(), waiter.clone()))
+            .collect();
+        self.renew(&mut conn, &until, shared.waiter_ms()).await;
         let mut pipe = redis::pipe();
         let alive = {
             let published = shared.published.lock();
@@ -218,6 +237,10 @@ impl Syncer {
         };
         if let Ok(text) = serde_json::to_string(&Event::Alive(alive)) {
             pipe.publish(shared.keys.events(), text).ignore();
+        }
+        for (rank, _, _) in &waiting {
+            pipe.pexpire(rank, i64::try_from(shared.waiter_ms()).unwrap_or(i64::MAX))
+                .ignore();
         }
         for (node, facts) in self.replica.facts() {
             pipe.set_ex(shared.keys.facts(&node), facts, FACTS_TTL_S)
