@@ -81,7 +81,8 @@ impl Router {
         match node {
             Some(node) => {
                 let rank = self.fleet.wakeups.rank(requester);
-                shared.waits_for(request, node.name(), model, rank);
+                let client = requester.client.wire();
+                shared.waits_for(request, (node.name(), model), client, rank);
             }
             None => shared.unwait(request),
         }

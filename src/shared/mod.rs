@@ -58,11 +58,11 @@ pub struct Slots<'a> {
     pub limit: usize,
 }
 
-/// Where a waiting request is entered among the waiters, and with what rank.
+/// Where a waiting request is entered among the waiters, and as whose, of what rank.
 #[derive(Clone, PartialEq)]
 struct Entered {
-    /// The keys of the waiters' ranks and deadlines ([`store::Keys::waiters`]).
-    keys: (String, String),
+    keys: store::WaiterKeys,
+    client: String,
     rank: f64,
 }
 
@@ -71,6 +71,8 @@ enum Outgoing {
     Publish(Event),
     /// Enters a request among a node's waiters, or updates its rank.
     Enter(Entered, String, u64),
+    /// Takes a request off a node's waiters.
+    Leave(store::WaiterKeys, String),
     /// Gives a lease back (key, member).
     Release(String, String),
 }
@@ -135,6 +137,7 @@ impl Shared {
         rank: f64,
     ) -> (Run, Acquired) {
         let Slots { node, model, limit } = slots;
+        let who = client.clone().unwrap_or_default();
         let id = self.next_run.fetch_add(1, Ordering::Relaxed);
         let mut run = Run {
             shared: self.clone(),
@@ -167,10 +170,16 @@ impl Shared {
         let call = async {
             let mut conn = (*conn).clone();
             let mut invocation = self.scripts.acquire.key(&key);
-            invocation.key(&waiters.0).key(&waiters.1);
+            (invocation.key(&waiters.rank))
+                .key(&waiters.until)
+                .key(&waiters.client);
             invocation.arg(&member).arg(limit).arg(self.lease_ms());
             invocation.arg(store::member_prefix(self.replica));
-            invocation.arg(&waiter).arg(rank).arg(self.waiter_ms());
+            invocation
+                .arg(&waiter)
+                .arg(rank)
+                .arg(&who)
+                .arg(self.waiter_ms());
             invocation.arg(&live);
             invocation.invoke_async::<Vec<String>>(&mut conn).await
         };
@@ -213,6 +222,7 @@ impl Shared {
                 self.leases.lock().remove(&id);
                 let entered = Entered {
                     keys: waiters.clone(),
+                    client: who,
                     rank,
                 };
                 let before = self.waiting.lock().insert(request, entered);
@@ -231,9 +241,11 @@ impl Shared {
     /// `request`, of rank `rank`, waits for `node`'s slot of `model`: it is entered among that
     /// node's waiters (and taken off any other's), so that every replica's requests for the
     /// slot give it way when it ranks before them.
-    pub fn waits_for(&self, request: u64, node: &str, model: &str, rank: f64) {
+    pub fn waits_for(&self, request: u64, slot: (&str, &str), client: Option<String>, rank: f64) {
+        let (node, model) = slot;
         let entered = Entered {
             keys: self.keys.waiters(node, model),
+            client: client.unwrap_or_default(),
             rank: if rank.is_finite() { rank } else { f64::MAX },
         };
         let before = self.waiting.lock().insert(request, entered.clone());
@@ -255,9 +267,8 @@ impl Shared {
         }
     }
 
-    fn leave(&self, (rank, until): (String, String), waiter: String) {
-        let _ = (self.outbox).send(Outgoing::Release(rank, waiter.clone()));
-        let _ = self.outbox.send(Outgoing::Release(until, waiter));
+    fn leave(&self, keys: store::WaiterKeys, waiter: String) {
+        let _ = self.outbox.send(Outgoing::Leave(keys, waiter));
     }
 
     /// How long a waiter's entry lasts unless renewed: two beats, so that one late beat does

@@ -28,11 +28,14 @@ impl Keys {
         format!("{}:slots:{node}:{model}", self.prefix)
     }
 
-    /// The requests waiting for a node's slot of a model, by rank (lower goes first), and
-    /// when each one's entry expires unless renewed.
-    pub fn waiters(&self, node: &str, model: &str) -> (String, String) {
+    /// The requests waiting for a node's slot of a model.
+    pub fn waiters(&self, node: &str, model: &str) -> WaiterKeys {
         let base = format!("{}:waiters:{node}:{model}", self.prefix);
-        (format!("{base}:rank"), format!("{base}:until"))
+        WaiterKeys {
+            rank: format!("{base}:rank"),
+            until: format!("{base}:until"),
+            client: format!("{base}:client"),
+        }
     }
 
     /// What replies taught about a node.
@@ -44,6 +47,15 @@ impl Keys {
 /// The member naming one request's lease.
 pub fn member(replica: u64, run: u64) -> String {
     format!("{}{run}", member_prefix(replica))
+}
+
+/// The keys of one node's waiters for one model: each waiting request by rank (lower goes
+/// first), by when its entry expires unless renewed, and its client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaiterKeys {
+    pub rank: String,
+    pub until: String,
+    pub client: String,
 }
 
 /// The member naming one waiting request; it never names a lease.
@@ -62,27 +74,31 @@ pub fn parse_member(member: &str) -> Option<(u64, u64)> {
     Some((u64::from_str_radix(replica, 16).ok()?, run.parse().ok()?))
 }
 
-/// KEYS: the leases, the waiters' ranks, the waiters' deadlines. ARGV: member, limit, lease
-/// in ms, the replica's member prefix, the waiting request, its rank, how long its entry lasts
-/// in ms, then the replica's members that may hold a lease there.
+/// KEYS: the leases, then the waiters' ranks, deadlines and clients ([`WaiterKeys`]). ARGV:
+/// member, limit, lease in ms, the replica's member prefix, the waiting request, its rank,
+/// its client, how long its entry lasts in ms, then the replica's members that may hold a
+/// lease there.
 ///
 /// Drops expired leases and waiters, and the replica's own leases that it gave back since (a
 /// release still on its way must not turn away the request the freed slot was handed to).
-/// Grants a lease when a slot is free and fewer waiters rank before this request than slots
-/// are free, so that a slot goes to the request first in the fair order whichever replica
-/// it waits in; else enters or keeps the request among the waiters. Replies `granted`, or
-/// `full` followed by the holders. The store's clock scores the leases and the waiters, so
-/// the replicas' clocks need not agree.
+/// Grants a lease when a slot is free and fewer requests of other clients that rank before
+/// this one wait than slots are free, so that a slot goes to the client first in the fair
+/// order whichever replica its request waits in (among one client's requests, each replica's
+/// own order stands); else enters the request among the waiters, or updates its rank. Replies
+/// `granted`, or `full` followed by the holders. The store's clock scores the leases and the
+/// waiters, so the replicas' clocks need not agree.
 const ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local waiter, rank, client, ttl = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
   redis.call('ZREM', KEYS[2], gone)
+  redis.call('HDEL', KEYS[4], gone)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local own, live = ARGV[4], {}
-for i = 8, #ARGV do live[ARGV[i]] = true end
+for i = 9, #ARGV do live[ARGV[i]] = true end
 for _, holder in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   if string.sub(holder, 1, #own) == own and not live[holder] then
     redis.call('ZREM', KEYS[1], holder)
@@ -90,31 +106,40 @@ for _, holder in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
 end
 local holders = redis.call('ZRANGE', KEYS[1], 0, -1)
 local free = tonumber(ARGV[2]) - #holders
-if free > 0 and redis.call('ZCOUNT', KEYS[2], '-inf', '(' .. ARGV[6]) < free then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  redis.call('ZREM', KEYS[2], ARGV[5])
-  redis.call('ZREM', KEYS[3], ARGV[5])
-  return {'granted'}
+if free > 0 then
+  local ahead = 0
+  for _, other in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. rank)) do
+    if other ~= waiter and redis.call('HGET', KEYS[4], other) ~= client then
+      ahead = ahead + 1
+    end
+  end
+  if ahead < free then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('ZREM', KEYS[2], waiter)
+    redis.call('ZREM', KEYS[3], waiter)
+    redis.call('HDEL', KEYS[4], waiter)
+    return {'granted'}
+  end
 end
-redis.call('ZADD', KEYS[2], ARGV[6], ARGV[5])
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[7])
-redis.call('PEXPIRE', KEYS[3], ARGV[7])
+redis.call('ZADD', KEYS[2], rank, waiter)
+redis.call('ZADD', KEYS[3], now + tonumber(ttl), waiter)
+redis.call('HSET', KEYS[4], waiter, client)
+for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end
 table.insert(holders, 1, 'full')
 return holders
 ";
 
-/// KEYS: the waiters' ranks and deadlines; ARGV: the waiting request, its rank, how long its
-/// entry lasts in ms. Enters the request among the waiters for a node's slot, or updates its
-/// rank. Sent with EVAL (in a pipeline, and small): it needs no loading.
+/// KEYS: the waiters' ranks, deadlines and clients; ARGV: the waiting request, its rank, its
+/// client, how long its entry lasts in ms. Enters the request among the waiters for a node's
+/// slot, or updates its rank. Sent with EVAL (in a pipeline, and small): it needs no loading.
 pub const ENTER: &str = r"
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
 return 1
 ";
 

@@ -163,11 +163,21 @@ impl Syncer {
                         Err(e) => log::warn!("shared state: event not sent: {e}"),
                     },
                     Outgoing::Enter(entered, waiter, ms) => {
-                        let (rank, until) = &entered.keys;
+                        let keys = &entered.keys;
                         let mut enter = redis::cmd("EVAL");
-                        enter.arg(store::ENTER).arg(2).arg(rank).arg(until);
-                        enter.arg(waiter).arg(entered.rank).arg(ms);
+                        enter.arg(store::ENTER).arg(3);
+                        enter.arg(&keys.rank).arg(&keys.until).arg(&keys.client);
+                        enter
+                            .arg(waiter)
+                            .arg(entered.rank)
+                            .arg(&entered.client)
+                            .arg(ms);
                         pipe.add_command(enter).ignore();
+                    }
+                    Outgoing::Leave(keys, waiter) => {
+                        pipe.zrem(&keys.rank, &waiter).ignore();
+                        pipe.zrem(&keys.until, &waiter).ignore();
+                        pipe.hdel(&keys.client, &waiter).ignore();
                     }
                     Outgoing::Release(key, member) => {
                         pipe.zrem(key, member).ignore();
@@ -214,16 +224,13 @@ impl Syncer {
         let leases: Vec<(String, String)> = (shared.leases.lock().iter())
             .map(|(run, key)| (key.clone(), store::member(replica, *run)))
             .collect();
-        let waiting: Vec<(String, String, String)> = (shared.waiting.lock().iter())
-            .map(|(request, entered)| {
-                let (rank, until) = entered.keys.clone();
-                (rank, until, store::waiter(replica, *request))
-            })
+        let waiting: Vec<(store::WaiterKeys, String)> = (shared.waiting.lock().iter())
+            .map(|(request, entered)| (entered.keys.clone(), store::waiter(replica, *request)))
             .collect();
         let mut conn = conn.clone();
         self.renew(&mut conn, &leases, shared.lease_ms()).await;
         let until: Vec<(String, String)> = (waiting.iter())
-            .map(|(_, until, waiter)| (until.clone(), waiter.clone()))
+            .map(|(keys, waiter)| (keys.until.clone(), waiter.clone()))
             .collect();
         self.renew(&mut conn, &until, shared.waiter_ms()).await;
         let mut pipe = redis::pipe();
@@ -238,9 +245,10 @@ impl Syncer {
         if let Ok(text) = serde_json::to_string(&Event::Alive(alive)) {
             pipe.publish(shared.keys.events(), text).ignore();
         }
-        for (rank, _, _) in &waiting {
-            pipe.pexpire(rank, i64::try_from(shared.waiter_ms()).unwrap_or(i64::MAX))
-                .ignore();
+        let waiter_ms = i64::try_from(shared.waiter_ms()).unwrap_or(i64::MAX);
+        for (keys, _) in &waiting {
+            pipe.pexpire(&keys.rank, waiter_ms).ignore();
+            pipe.pexpire(&keys.client, waiter_ms).ignore();
         }
         for (node, facts) in self.replica.facts() {
             pipe.set_ex(shared.keys.facts(&node), facts, FACTS_TTL_S)
