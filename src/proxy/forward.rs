@@ -176,12 +176,6 @@ impl Forwarder {
                 }
                 picked => picked,
             };
-            let waits_for = match &picked {
-                Pick::Wait(best) | Pick::HeldElsewhere(best) => Some(best.node.as_ref()),
-                _ => None,
-            };
-            let requester = &ctx.client.requester;
-            router.waits_for(listener.id(), requester, waits_for, &profile.model_key);
             let (best, awaited) = match picked {
                 Pick::Send(candidate, dispatch) => {
                     listener.sent(candidate.node.id, handoff);
@@ -230,6 +224,22 @@ impl Forwarder {
                     )
                 );
             }
+            // Among the waiters the replicas share: for its warm node, or, cold, for any node
+            // that holds the model.
+            let waits_on: Vec<&Node> = match (best, awaited) {
+                (Some(best), Awaited::Slot | Awaited::SharedSlot) => {
+                    match decision.warm_on(best.node.id) {
+                        true => vec![best.node.as_ref()],
+                        false => (decision.ranked.iter())
+                            .filter(|c| c.node.id == best.node.id || (c.resident && !c.standby))
+                            .map(|c| c.node.as_ref())
+                            .collect(),
+                    }
+                }
+                _ => Vec::new(),
+            };
+            let requester = &ctx.client.requester;
+            router.waits_for(listener.id(), requester, &waits_on, &profile.model_key);
             let max = config.queue.max_waiting;
             waiting = best.and_then(|c| {
                 let warm = decision.warm_on(c.node.id);

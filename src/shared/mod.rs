@@ -47,7 +47,7 @@ pub struct Shared {
     leases: parking_lot::Mutex<hashbrown::HashMap<u64, String>>,
     /// Requests entered among a node's waiters (the node and model they wait for, by the
     /// keys of its waiters' ranks and deadlines), renewed every beat until they leave.
-    waiting: parking_lot::Mutex<hashbrown::HashMap<u64, Entered>>,
+    waiting: parking_lot::Mutex<hashbrown::HashMap<u64, Vec<Entered>>>,
     next_run: AtomicU64,
 }
 
@@ -212,9 +212,9 @@ impl Shared {
             Some(store::Reply::Granted) => {
                 run.lease = Some(key);
                 // The script took it off this node's waiters; off any other's too.
-                let before = self.waiting.lock().remove(&request);
-                if let Some(before) = before.filter(|e| e.keys != waiters) {
-                    self.leave(before.keys, waiter);
+                let before = self.waiting.lock().remove(&request).unwrap_or_default();
+                for other in before.into_iter().filter(|e| e.keys != waiters) {
+                    self.leave(other.keys, waiter.clone());
                 }
                 (run, Acquired::Granted)
             }
@@ -225,10 +225,11 @@ impl Shared {
                     client: who,
                     rank,
                 };
-                let before = self.waiting.lock().insert(request, entered);
-                if let Some(before) = before.filter(|e| e.keys != waiters) {
-                    self.leave(before.keys, waiter);
-                }
+                // The script entered it (or updated its rank) there.
+                let mut waiting = self.waiting.lock();
+                let entries = waiting.entry(request).or_default();
+                entries.retain(|e| e.keys != waiters);
+                entries.push(entered);
                 (run, Acquired::Full(holders))
             }
             None => {
@@ -238,33 +239,44 @@ impl Shared {
         }
     }
 
-    /// `request`, of rank `rank`, waits for `node`'s slot of `model`: it is entered among that
-    /// node's waiters (and taken off any other's), so that every replica's requests for the
-    /// slot give it way when it ranks before them.
-    pub fn waits_for(&self, request: u64, slot: (&str, &str), client: Option<String>, rank: f64) {
-        let (node, model) = slot;
-        let entered = Entered {
-            keys: self.keys.waiters(node, model),
-            client: client.unwrap_or_default(),
-            rank: if rank.is_finite() { rank } else { f64::MAX },
+    /// `request`, of rank `rank`, waits for a slot of `model` on any of `nodes`: it is entered
+    /// among those nodes' waiters (and taken off any other's), so that every replica's
+    /// requests for their slots give it way when it ranks before them.
+    pub fn waits_for(
+        &self,
+        request: u64,
+        nodes: &[&str],
+        model: &str,
+        rank: (f64, Option<String>),
+    ) {
+        let (rank, client) = rank;
+        let entries: Vec<Entered> = (nodes.iter())
+            .map(|node| Entered {
+                keys: self.keys.waiters(node, model),
+                client: client.clone().unwrap_or_default(),
+                rank: if rank.is_finite() { rank } else { f64::MAX },
+            })
+            .collect();
+        let before = match entries.is_empty() {
+            true => self.waiting.lock().remove(&request),
+            false => self.waiting.lock().insert(request, entries.clone()),
         };
-        let before = self.waiting.lock().insert(request, entered.clone());
-        if before.as_ref() == Some(&entered) {
-            return;
-        }
+        let before = before.unwrap_or_default();
         let waiter = store::waiter(self.replica, request);
-        if let Some(before) = before.filter(|e| e.keys != entered.keys) {
-            self.leave(before.keys, waiter.clone());
+        for gone in before
+            .iter()
+            .filter(|e| !entries.iter().any(|n| n.keys == e.keys))
+        {
+            self.leave(gone.keys.clone(), waiter.clone());
         }
-        let _ = (self.outbox).send(Outgoing::Enter(entered, waiter, self.waiter_ms()));
+        for entry in entries.into_iter().filter(|e| !before.contains(e)) {
+            let _ = (self.outbox).send(Outgoing::Enter(entry, waiter.clone(), self.waiter_ms()));
+        }
     }
 
     /// `request` waits no more (it ended, or goes on without a lease): off the waiters.
     pub fn unwait(&self, request: u64) {
-        let left = self.waiting.lock().remove(&request);
-        if let Some(entered) = left {
-            self.leave(entered.keys, store::waiter(self.replica, request));
-        }
+        self.waits_for(request, &[], "", (0.0, None));
     }
 
     fn leave(&self, keys: store::WaiterKeys, waiter: String) {

@@ -225,7 +225,12 @@ impl Syncer {
             .map(|(run, key)| (key.clone(), store::member(replica, *run)))
             .collect();
         let waiting: Vec<(store::WaiterKeys, String)> = (shared.waiting.lock().iter())
-            .map(|(request, entered)| (entered.keys.clone(), store::waiter(replica, *request)))
+            .flat_map(|(request, entries)| {
+                let waiter = store::waiter(replica, *request);
+                entries
+                    .iter()
+                    .map(move |e| (e.keys.clone(), waiter.clone()))
+            })
             .collect();
         let mut conn = conn.clone();
         self.renew(&mut conn, &leases, shared.lease_ms()).await;
