@@ -224,18 +224,10 @@ impl Forwarder {
                     )
                 );
             }
-            // Among the waiters the replicas share: for its warm node, or, cold, for any node
-            // that holds the model.
+            // Among the waiters the replicas share, for the node it waits for: only there is
+            // it sure to take a slot (it may decline one elsewhere, and must not hold it back).
             let waits_on: Vec<&Node> = match (best, awaited) {
-                (Some(best), Awaited::Slot | Awaited::SharedSlot) => {
-                    match decision.warm_on(best.node.id) {
-                        true => vec![best.node.as_ref()],
-                        false => (decision.ranked.iter())
-                            .filter(|c| c.node.id == best.node.id || (c.resident && !c.standby))
-                            .map(|c| c.node.as_ref())
-                            .collect(),
-                    }
-                }
+                (Some(best), Awaited::Slot | Awaited::SharedSlot) => vec![best.node.as_ref()],
                 _ => Vec::new(),
             };
             let requester = &ctx.client.requester;

@@ -31,6 +31,8 @@ pub struct Options {
     /// corral replicas sharing a redis-server (1: one corral, no store); each request goes
     /// to the next one.
     pub replicas: usize,
+    /// Their `shared_state.timeout`.
+    pub store_timeout: Duration,
 }
 
 const PERSON_KEY: &str = "key-person";
@@ -77,6 +79,8 @@ struct Measured {
     agent_turns: Vec<f64>,
     agent_wall: Option<f64>,
     errors: usize,
+    /// Calls to the shared store that failed or ran past its bound (replicas only).
+    store_errors: Option<u64>,
 }
 
 pub async fn run(opts: Options) -> Result<String, String> {
@@ -121,7 +125,11 @@ async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<
         false => None,
     };
     if let Some(store) = &store {
-        keys.push_str(&format!("shared_state:\n  url: {}\n", store.url()));
+        keys.push_str(&format!(
+            "shared_state:\n  url: {}\n  timeout: {}us\n",
+            store.url(),
+            opts.store_timeout.as_micros()
+        ));
     }
     let mut corrals = Vec::new();
     for _ in 0..opts.replicas.max(1) {
@@ -161,6 +169,13 @@ async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<
         m.person_ttft = ttft;
         m.person_turns = turns;
         m.errors += errors;
+    }
+    if store.is_some() {
+        let mut errors = 0;
+        for corral in &corrals {
+            errors += corral.store_wait().await?.errors;
+        }
+        m.store_errors = Some(errors);
     }
     drop(corrals);
     drop(store);
@@ -310,19 +325,19 @@ fn report(opts: &Options, slots: usize, cases: &[Case], runs: &[Vec<Measured>]) 
     let mut out = format!(
         "Three equal nodes x 2 slots (current Ollama stand-ins, slots told), time scale {}, \
          move_cost {}, {} corral replica(s) (more than one: sharing a redis-server, each request \
-         to the next); times simulated (real hardware's), seconds.\n\
+         to the next, shared_state.timeout {:?}); times simulated (real hardware's), seconds.\n\
          person: {PERSON_CONVERSATIONS} conversations x {PERSON_TURNS} turns, \
          {PERSON_THINK_SECS} s pauses, from {PERSON_START_SECS} s; \
          agent: {AGENTS} conversations x {AGENT_TURNS} turns at once, 6,000-char tasks.\n\n\
-         | run | case | person TTFT p50 | p90 | agent turn mean (with its wait) | agent wall | errors |\n\
-         | --- | --- | ---: | ---: | ---: | ---: | ---: |\n",
-        opts.scale.0, opts.move_cost, opts.replicas,
+         | run | case | person TTFT p50 | p90 | agent turn mean (with its wait) | agent wall | errors | store errors |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        opts.scale.0, opts.move_cost, opts.replicas, opts.store_timeout,
     );
     let mut verdicts = String::new();
     for (r, measured) in runs.iter().enumerate() {
         for (case, m) in cases.iter().zip(measured) {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r + 1,
                 case.name(),
                 cell(quantile(&m.person_ttft, 0.5)),
@@ -330,6 +345,7 @@ fn report(opts: &Options, slots: usize, cases: &[Case], runs: &[Vec<Measured>]) 
                 cell(mean(&m.agent_turns)),
                 cell(m.agent_wall.map(|w| w * opts.scale.0)),
                 m.errors,
+                m.store_errors.map_or("-".to_string(), |e| e.to_string()),
             ));
         }
         let [alone, agent_alone, own, one] = measured.as_slice() else {

@@ -151,6 +151,9 @@ enum Command {
         /// corral replicas; more than one share a redis-server, each request to the next.
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// Their `shared_state.timeout`, in microseconds (corral's default: 2 ms).
+        #[arg(long, default_value_t = 2000)]
+        store_timeout_us: u64,
     },
     /// 1, 2 and 4 corral replicas in front of one fleet, alone and sharing a redis-server.
     Replicas {
@@ -334,6 +337,7 @@ fn run(command: Command) -> Result<(), String> {
             corral,
             move_cost,
             replicas,
+            store_timeout_us,
         } => {
             if runs == 0 || time_scale <= 0.0 || replicas == 0 {
                 return Err("--runs, --time-scale and --replicas must be above 0".into());
@@ -342,6 +346,7 @@ fn run(command: Command) -> Result<(), String> {
                 runs,
                 move_cost,
                 replicas,
+                store_timeout: Duration::from_micros(store_timeout_us),
                 scale: TimeScale(time_scale),
                 corral: match corral {
                     Some(path) => path,
