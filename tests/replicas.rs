@@ -330,26 +330,68 @@ async fn keyed_chat(url: String, key: &str, text: &str, tokens: u32) -> Instant 
     Instant::now()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn service_a_client_had_through_another_replica_counts_in_the_fair_order() {
+/// Two replicas sharing a store, each with its admin API, in front of one node of one slot,
+/// with three named keys: `k-agent`, `k-person` and `k-filler`.
+struct Keyed {
+    _store: Store,
+    _node: StandinNode,
+    replicas: [(Router, u16); 2],
+}
+
+async fn keyed_replicas() -> Keyed {
     let store = Store::start().await;
     let mut cfg = fast_node("n0");
     cfg.num_parallel = 1;
     cfg.decode_per_token = Duration::from_millis(10);
     let node = start(cfg).await;
     let keys = "api_keys:\n  - {name: agent, key: k-agent}\n  - {name: person, key: k-person}\n  - {name: filler, key: k-filler}\n";
-    let admin = common::free_port();
-    let a = Router::start(
-        vec![NodeSpec::of(&node, 1)],
-        &format!("{}{keys}admin_listen: 127.0.0.1:{admin}\n", store.yaml()),
-    )
-    .await;
-    let b = Router::start(
-        vec![NodeSpec::of(&node, 1)],
-        &format!("{}{keys}", store.yaml()),
-    )
-    .await;
+    let replica = async || {
+        let admin = common::free_port();
+        let yaml = format!("{}{keys}admin_listen: 127.0.0.1:{admin}\n", store.yaml());
+        (
+            Router::start(vec![NodeSpec::of(&node, 1)], &yaml).await,
+            admin,
+        )
+    };
+    let replicas = [replica().await, replica().await];
+    // Both subscribed.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    Keyed {
+        _store: store,
+        _node: node,
+        replicas,
+    }
+}
+
+/// The filler's streamed reply through `router`, once it holds the node's one slot.
+async fn hold_the_slot(router: &Router) -> reqwest::Response {
+    let mut body = chat_body(&["filler".to_string()], true);
+    body["options"] = serde_json::json!({ "num_predict": 40 });
+    let mut filler = client()
+        .post(format!("{}/api/chat", router.url()))
+        .bearer_auth("k-filler")
+        .json(&body)
+        .send()
+        .await
+        .expect("the filler's reply");
+    assert!(filler.chunk().await.expect("a chunk").is_some());
+    filler
+}
+
+/// Until the replica with this admin port counts at least `n` requests waiting (its own, and
+/// the other replica's as it last heard).
+async fn waiting_at_least(admin: u16, n: u64) {
+    let url = format!("http://127.0.0.1:{admin}/fleet");
+    common::eventually("requests wait", async || {
+        common::get_json(&url).await["waiting"].as_u64() >= Some(n)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn service_a_client_had_through_another_replica_counts_in_the_fair_order() {
+    let keyed = keyed_replicas().await;
+    let [(a, admin), (b, _)] = &keyed.replicas;
 
     // The agent has had about a second of the slot, all of it through B.
     for i in 0..4 {
@@ -358,27 +400,11 @@ async fn service_a_client_had_through_another_replica_counts_in_the_fair_order()
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // On A, a third client holds the slot; the agent's request arrives, then the person's.
-    let mut body = chat_body(&["filler".to_string()], true);
-    body["options"] = serde_json::json!({ "num_predict": 40 });
-    let mut filler = client()
-        .post(format!("{}/api/chat", a.url()))
-        .bearer_auth("k-filler")
-        .json(&body)
-        .send()
-        .await
-        .expect("the filler's reply");
-    assert!(filler.chunk().await.expect("a chunk").is_some());
-    let waiting = async |n: u64| {
-        let url = format!("http://127.0.0.1:{admin}/fleet");
-        common::eventually("requests wait on A", async || {
-            common::get_json(&url).await["waiting"].as_u64() == Some(n)
-        })
-        .await;
-    };
+    let mut filler = hold_the_slot(a).await;
     let agent = tokio::spawn(keyed_chat(a.url(), "k-agent", "agent, on A", 5));
-    waiting(1).await;
+    waiting_at_least(*admin, 1).await;
     let person = tokio::spawn(keyed_chat(a.url(), "k-person", "person, on A", 5));
-    waiting(2).await;
+    waiting_at_least(*admin, 2).await;
     while filler.chunk().await.expect("the stream goes on").is_some() {}
 
     let (agent, person) = (agent.await.expect("agent"), person.await.expect("person"));
@@ -390,19 +416,8 @@ async fn service_a_client_had_through_another_replica_counts_in_the_fair_order()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slot_goes_to_the_fairest_waiting_request_whichever_replica_it_waits_in() {
-    let store = Store::start().await;
-    let mut cfg = fast_node("n0");
-    cfg.num_parallel = 1;
-    cfg.decode_per_token = Duration::from_millis(10);
-    let node = start(cfg).await;
-    let keys = "api_keys:\n  - {name: agent, key: k-agent}\n  - {name: person, key: k-person}\n  - {name: filler, key: k-filler}\n";
-    let (admin_x, admin_y) = (common::free_port(), common::free_port());
-    let replica = async |admin: u16| {
-        let yaml = format!("{}{keys}admin_listen: 127.0.0.1:{admin}\n", store.yaml());
-        Router::start(vec![NodeSpec::of(&node, 1)], &yaml).await
-    };
-    let (x, y) = (replica(admin_x).await, replica(admin_y).await);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keyed = keyed_replicas().await;
+    let [(x, admin_x), (y, admin_y)] = &keyed.replicas;
     // The agent has had the slot for a while.
     for i in 0..3 {
         keyed_chat(x.url(), "k-agent", &format!("agent task {i}"), 25).await;
@@ -410,28 +425,11 @@ async fn a_slot_goes_to_the_fairest_waiting_request_whichever_replica_it_waits_i
 
     // A third client holds the slot through X; the agent's next request waits in X, the
     // person's in Y.
-    let mut body = chat_body(&["filler".to_string()], true);
-    body["options"] = serde_json::json!({ "num_predict": 40 });
-    let mut filler = client()
-        .post(format!("{}/api/chat", x.url()))
-        .bearer_auth("k-filler")
-        .json(&body)
-        .send()
-        .await
-        .expect("the filler's reply");
-    assert!(filler.chunk().await.expect("a chunk").is_some());
-    let waits_in = async |admin: u16| {
-        let url = format!("http://127.0.0.1:{admin}/fleet");
-        common::eventually("a request waits", async || {
-            // Its own and the other replica's: a request counts once in each.
-            common::get_json(&url).await["waiting"].as_u64() >= Some(1)
-        })
-        .await;
-    };
+    let mut filler = hold_the_slot(x).await;
     let agent = tokio::spawn(keyed_chat(x.url(), "k-agent", "agent, on X", 5));
-    waits_in(admin_x).await;
+    waiting_at_least(*admin_x, 1).await;
     let person = tokio::spawn(keyed_chat(y.url(), "k-person", "person, on Y", 5));
-    waits_in(admin_y).await;
+    waiting_at_least(*admin_y, 1).await;
     // Both are entered among the node's waiters.
     tokio::time::sleep(Duration::from_millis(300)).await;
     while filler.chunk().await.expect("the stream goes on").is_some() {}
