@@ -117,46 +117,56 @@ async fn replay(
 async fn two_replicas_sharing_a_store_act_as_one() {
     let (conversations, turns) = (12, 4);
     let store = Store::start().await;
+    // Warm shares of a replay vary with its timing: each side is the mean of two replays,
+    // every one on a fresh fleet.
+    const ROUNDS: usize = 2;
+    let (mut alone, mut shared) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let nodes = fleet().await;
+        let one = replicas(&nodes, 1, "").await;
+        alone.push(replay(&one, &nodes, conversations, turns).await);
+        drop(one);
 
-    let nodes = fleet().await;
-    let one = replicas(&nodes, 1, "").await;
-    let alone = replay(&one, &nodes, conversations, turns).await;
-    drop(one);
-
-    let nodes = fleet().await;
-    let metrics = [common::free_port(), common::free_port()];
-    let mut two = Vec::new();
-    for port in metrics {
-        let yaml = format!("{}metrics_listen: 127.0.0.1:{port}\n", store.yaml());
-        two.extend(replicas(&nodes, 1, &yaml).await);
-    }
-    // Both replicas subscribed before the replay.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let shared = replay(&two, &nodes, conversations, turns).await;
-    for port in metrics {
-        let scrape = common::scrape(port).await;
-        let store_lines = scrape
-            .lines()
-            .filter(|l| l.starts_with("corral_shared_state"));
-        for line in store_lines.filter(|l| !l.contains("_bucket")) {
-            eprintln!("{port} {line}");
+        let nodes = fleet().await;
+        let metrics = [common::free_port(), common::free_port()];
+        let mut two = Vec::new();
+        for port in metrics {
+            let yaml = format!("{}metrics_listen: 127.0.0.1:{port}\n", store.yaml());
+            two.extend(replicas(&nodes, 1, &yaml).await);
+        }
+        // Both replicas subscribed before the replay.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        shared.push(replay(&two, &nodes, conversations, turns).await);
+        for port in metrics {
+            let scrape = common::scrape(port).await;
+            let store_lines = scrape
+                .lines()
+                .filter(|l| l.starts_with("corral_shared_state"));
+            for line in store_lines.filter(|l| !l.contains("_bucket")) {
+                eprintln!("{port} {line}");
+            }
         }
     }
-    drop(two);
 
     let nodes = fleet().await;
     let two_apart = replicas(&nodes, 2, "").await;
     let apart = replay(&two_apart, &nodes, conversations, turns).await;
     eprintln!("one replica {alone:?}\ntwo sharing {shared:?}\ntwo apart {apart:?}");
 
-    assert_eq!((alone.failed, shared.failed), (0, 0));
-    assert!(alone.most_open <= SLOTS as u32, "{alone:?}");
+    let mean = |runs: &[Replayed]| runs.iter().map(|r| r.warm_share).sum::<f64>() / ROUNDS as f64;
+    for run in alone.iter().chain(&shared) {
+        assert_eq!(run.failed, 0, "{run:?}");
+    }
     assert!(
-        shared.most_open <= SLOTS as u32,
+        alone.iter().all(|r| r.most_open <= SLOTS as u32),
+        "{alone:?}"
+    );
+    assert!(
+        shared.iter().all(|r| r.most_open <= SLOTS as u32),
         "two replicas sent a node more than its {SLOTS} slots: {shared:?}"
     );
     assert!(
-        shared.warm_share >= alone.warm_share - 0.02,
+        mean(&shared) >= mean(&alone) - 0.02,
         "two replicas kept fewer follow-ups warm than one: {shared:?} against {alone:?}"
     );
 }
