@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Two corral replicas in front of real Ollama servers, sharing a redis-server and each on its
-own (opt-in; not part of CI).
+own, against one corral alone (opt-in; not part of CI).
 
 Usage: start two servers (../shared/real-ollama/start.sh DIR 21101 21102), then
     scripts/e2e-real-replicas.py [--corral target/release/corral] [--runs 2]
 
-Every case starts two corral replicas from conf/real-ollama.yaml (neither the nodes' kind nor
+Every case starts one corral or two replicas from conf/real-ollama.yaml (neither the nodes' kind nor
 their runner told; ports changed) and, for the shared case, a redis-server on a free loopback
 port (`shared_state`). --conversations conversations of --turns turns, --live at once, each
 with its own ~2,000-character system prompt (the kit workload of issue 38); every turn goes
@@ -85,8 +85,8 @@ def replica_config(base, port, store):
     return text
 
 
-def start_case(procs, corral, shared, workdir, log):
-    """Starts the store (when shared) and two replicas; returns their URLs."""
+def start_case(procs, corral, count, shared, workdir, log):
+    """Starts the store (when shared) and `count` replicas; returns their URLs."""
     store = None
     if shared:
         port = free_port()
@@ -105,7 +105,7 @@ def start_case(procs, corral, shared, workdir, log):
     with open(os.path.join(ROOT, "conf", "real-ollama.yaml")) as f:
         base = f.read()
     urls = []
-    for _ in range(2):
+    for _ in range(count):
         port = free_port()
         path = os.path.join(workdir, f"corral-{port}.yaml")
         with open(path, "w") as f:
@@ -196,13 +196,13 @@ def main():
     with tempfile.TemporaryDirectory() as workdir:
         log = open(os.path.join(workdir, "processes.log"), "w")
         for run in range(args.runs):
-            cases = [("shared store", True), ("each alone", False)]
+            cases = [("one corral", 1, False), ("two, store", 2, True), ("two, apart", 2, False)]
             if run % 2:
                 cases.reverse()
-            for name, shared in cases:
+            for name, count, shared in cases:
                 procs = Processes()
                 try:
-                    urls = start_case(procs, args.corral, shared, workdir, log)
+                    urls = start_case(procs, args.corral, count, shared, workdir, log)
                     r = run_case(urls, args, f"run {run} {name}")
                 finally:
                     procs.stop()
@@ -214,7 +214,7 @@ def main():
                 print("run {} {:13} evaluated/follow-up {:6.1f}  affinity {}  mean TTFT {:5.2f} s"
                       "  wall {:5.1f} s  errors {}".format(*row), flush=True)
     print()
-    print("| run | replicas | prompt tokens evaluated per follow-up | follow-up affinity |"
+    print("| run | corral | prompt tokens evaluated per follow-up | follow-up affinity |"
           " mean TTFT s | wall s | errors |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: |")
     for row in rows:
