@@ -80,7 +80,7 @@ impl Syncer {
         }
     }
 
-    /// Reads what earlier replicas wrote of the nodes.
+    /// Reads what other replicas wrote of the nodes.
     async fn seed(&self, conn: &mut ConnectionManager) {
         let nodes: Vec<String> = self.replica.facts().into_iter().map(|(n, _)| n).collect();
         if nodes.is_empty() {
@@ -238,6 +238,9 @@ impl Syncer {
             .map(|(keys, waiter)| (keys.until.clone(), waiter.clone()))
             .collect();
         self.renew(&mut conn, &until, shared.waiter_ms()).await;
+        // What the others learned since (read before this replica writes its own over it):
+        // taken where this replica knows nothing yet, as by a replica that starts.
+        self.seed(&mut conn).await;
         let mut pipe = redis::pipe();
         let alive = {
             let published = shared.published.lock();
