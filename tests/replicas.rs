@@ -117,9 +117,9 @@ async fn replay(
 async fn two_replicas_sharing_a_store_act_as_one() {
     let (conversations, turns) = (12, 4);
     let store = Store::start().await;
-    // Warm shares of a replay vary with its timing: each side is the mean of two replays,
+    // Warm shares of a replay vary with its timing: each side is the mean of four replays,
     // every one on a fresh fleet.
-    const ROUNDS: usize = 2;
+    const ROUNDS: usize = 4;
     let (mut alone, mut shared) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let nodes = fleet().await;
