@@ -203,13 +203,12 @@ impl ClientBook {
     pub fn admit(
         self: &Arc<Self>,
         client: &Client,
-        address: Option<IpAddr>,
         per_address: Option<usize>,
     ) -> Result<Admission, Refusal> {
         // A named key is counted even without limits, so that one added by a reload holds
         // at once; a client without a key counts only against `queue.per_client`.
         let named = matches!(client.requester.client, ClientId::Key(_));
-        let per_address = per_address.zip(address);
+        let per_address = per_address.zip(client.address);
         if !named && per_address.is_none() {
             return Ok(Admission {
                 book: self.clone(),
@@ -370,27 +369,28 @@ mod tests {
         let c = config("api_keys: [{name: a, key: ka, max_requests: 2}, {name: b, key: kb}]");
         let book = Arc::new(ClientBook::default());
         let a = identify(&c, &request("ka"), ADDRESS);
-        let first = book.admit(&a, ADDRESS, None).unwrap();
-        let _second = book.admit(&a, ADDRESS, None).unwrap();
-        let refused = book.admit(&a, ADDRESS, None).err().unwrap();
+        let first = book.admit(&a, None).unwrap();
+        let _second = book.admit(&a, None).unwrap();
+        let refused = book.admit(&a, None).err().unwrap();
         assert_eq!(refused, Refusal::Requests(2));
         assert_eq!(refused.reason(), "max_requests");
         // Another key is not held back by it.
         let b = identify(&c, &request("kb"), ADDRESS);
-        assert!(book.admit(&b, ADDRESS, None).is_ok());
+        assert!(book.admit(&b, None).is_ok());
         drop(first);
-        assert!(book.admit(&a, ADDRESS, None).is_ok());
+        assert!(book.admit(&a, None).is_ok());
     }
 
     #[test]
     fn an_address_at_queue_per_client_is_refused() {
         let book = Arc::new(ClientBook::default());
         let anyone = identify(&Config::default(), &request("x"), ADDRESS);
-        let _held = book.admit(&anyone, ADDRESS, Some(1)).unwrap();
-        let refused = book.admit(&anyone, ADDRESS, Some(1)).err().unwrap();
+        let _held = book.admit(&anyone, Some(1)).unwrap();
+        let refused = book.admit(&anyone, Some(1)).err().unwrap();
         assert_eq!(refused, Refusal::Address(1));
+        let nowhere = identify(&Config::default(), &request("x"), None);
         assert!(
-            book.admit(&anyone, None, Some(1)).is_ok(),
+            book.admit(&nowhere, Some(1)).is_ok(),
             "no address: no limit"
         );
     }
@@ -400,10 +400,10 @@ mod tests {
         let c = config("api_keys: [{name: a, key: ka, tokens_per_minute: 600}]");
         let book = Arc::new(ClientBook::default());
         let a = identify(&c, &request("ka"), ADDRESS);
-        drop(book.admit(&a, ADDRESS, None).unwrap());
+        drop(book.admit(&a, None).unwrap());
         // A reply of 900 tokens: 300 in debt, back at 10 tokens a second.
         book.spend(&a, 900);
-        let Err(Refusal::Tokens(wait)) = book.admit(&a, ADDRESS, None) else {
+        let Err(Refusal::Tokens(wait)) = book.admit(&a, None) else {
             panic!("refused for its tokens");
         };
         assert!(
@@ -417,7 +417,7 @@ mod tests {
         // Without a limit, spending changes nothing.
         let open = identify(&Config::default(), &request("x"), ADDRESS);
         book.spend(&open, 1_000_000);
-        assert!(book.admit(&open, ADDRESS, None).is_ok());
+        assert!(book.admit(&open, None).is_ok());
     }
 
     #[test]

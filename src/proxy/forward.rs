@@ -226,12 +226,12 @@ impl Forwarder {
             }
             // Among the waiters the replicas share, for the node it waits for: only there is
             // it sure to take a slot (it may decline one elsewhere, and must not hold it back).
-            let waits_on: Vec<&Node> = match (best, awaited) {
-                (Some(best), Awaited::Slot | Awaited::SharedSlot) => vec![best.node.as_ref()],
-                _ => Vec::new(),
+            let waits_on = match awaited {
+                Awaited::Slot | Awaited::SharedSlot => best.map(|c| c.node.as_ref()),
+                Awaited::NodeBack => None,
             };
             let requester = &ctx.client.requester;
-            router.waits_for(listener.id(), requester, &waits_on, &profile.model_key);
+            router.waits_for(listener.id(), requester, waits_on, &profile.model_key);
             let max = config.queue.max_waiting;
             waiting = best.and_then(|c| {
                 let warm = decision.warm_on(c.node.id);

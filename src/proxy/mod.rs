@@ -228,10 +228,7 @@ impl Corral {
     ) -> Result<()> {
         // Before the body is read: a client at its limit costs no more than this answer.
         let per_address = config.queue.per_client;
-        let _admitted = match self
-            .clients
-            .admit(&ctx.client, ctx.client.address, per_address)
-        {
+        let _admitted = match self.clients.admit(&ctx.client, per_address) {
             Ok(admitted) => admitted,
             Err(refusal) => {
                 // The body is left unread: the connection cannot be reused.

@@ -76,18 +76,20 @@ impl Router {
         }
     }
 
-    /// `request` waits for a slot of `model` on any of `nodes` (none: it waits no more),
-    /// among the waiters the replicas share.
-    pub fn waits_for(&self, request: u64, requester: &Requester, nodes: &[&Node], model: &str) {
+    /// `request` waits for `node`'s slot of `model` (None: for no node), among the waiters the
+    /// replicas share.
+    pub fn waits_for(&self, request: u64, requester: &Requester, node: Option<&Node>, model: &str) {
         let Some(shared) = &self.shared else {
             return;
         };
-        let names: Vec<&str> = nodes.iter().map(|n| n.name()).collect();
-        let rank = match names.is_empty() {
-            true => (0.0, None),
-            false => (self.fleet.wakeups.rank(requester), requester.client.wire()),
-        };
-        shared.waits_for(request, &names, model, rank);
+        match node {
+            Some(node) => {
+                let rank = self.fleet.wakeups.rank(requester);
+                let client = requester.client.wire();
+                shared.waits_for(request, (node.name(), model), client, rank);
+            }
+            None => shared.unwait(request),
+        }
     }
 
     /// `request` waits no more: see [`crate::shared::Shared::unwait`].

@@ -45,9 +45,9 @@ pub struct Shared {
     published: parking_lot::Mutex<HashSet<u64>>,
     /// Leases held, by run: their key, renewed every beat.
     leases: parking_lot::Mutex<hashbrown::HashMap<u64, String>>,
-    /// Requests entered among a node's waiters (the node and model they wait for, by the
-    /// keys of its waiters' ranks and deadlines), renewed every beat until they leave.
-    waiting: parking_lot::Mutex<hashbrown::HashMap<u64, Vec<Entered>>>,
+    /// Requests entered among the waiters of the node they wait for, renewed every beat until
+    /// they leave.
+    waiting: parking_lot::Mutex<hashbrown::HashMap<u64, Entered>>,
     next_run: AtomicU64,
 }
 
@@ -211,10 +211,10 @@ impl Shared {
         match store::Reply::parse(&reply) {
             Some(store::Reply::Granted) => {
                 run.lease = Some(key);
-                // The script took it off this node's waiters; off any other's too.
-                let before = self.waiting.lock().remove(&request).unwrap_or_default();
-                for other in before.into_iter().filter(|e| e.keys != waiters) {
-                    self.leave(other.keys, waiter.clone());
+                // The script took it off this node's waiters; off another's too.
+                let before = self.waiting.lock().remove(&request);
+                if let Some(before) = before.filter(|e| e.keys != waiters) {
+                    self.leave(before.keys, waiter);
                 }
                 (run, Acquired::Granted)
             }
@@ -225,11 +225,11 @@ impl Shared {
                     client: who,
                     rank,
                 };
-                // The script entered it (or updated its rank) there.
-                let mut waiting = self.waiting.lock();
-                let entries = waiting.entry(request).or_default();
-                entries.retain(|e| e.keys != waiters);
-                entries.push(entered);
+                // The script entered it there (or updated its rank); off another node's.
+                let before = self.waiting.lock().insert(request, entered);
+                if let Some(before) = before.filter(|e| e.keys != waiters) {
+                    self.leave(before.keys, waiter);
+                }
                 (run, Acquired::Full(holders))
             }
             None => {
@@ -239,44 +239,38 @@ impl Shared {
         }
     }
 
-    /// `request`, of rank `rank`, waits for a slot of `model` on any of `nodes`: it is entered
-    /// among those nodes' waiters (and taken off any other's), so that every replica's
-    /// requests for their slots give it way when it ranks before them.
+    /// `request`, of `client` and rank `rank`, waits for `node`'s slot of `model`: it is entered
+    /// among that node's waiters (and taken off any other's), so that every replica's
+    /// requests for the slot give it way when it ranks before them.
     pub fn waits_for(
         &self,
         request: u64,
-        nodes: &[&str],
-        model: &str,
-        rank: (f64, Option<String>),
+        (node, model): (&str, &str),
+        client: Option<String>,
+        rank: f64,
     ) {
-        let (rank, client) = rank;
-        let entries: Vec<Entered> = (nodes.iter())
-            .map(|node| Entered {
-                keys: self.keys.waiters(node, model),
-                client: client.clone().unwrap_or_default(),
-                rank: if rank.is_finite() { rank } else { f64::MAX },
-            })
-            .collect();
-        let before = match entries.is_empty() {
-            true => self.waiting.lock().remove(&request),
-            false => self.waiting.lock().insert(request, entries.clone()),
+        let entered = Entered {
+            keys: self.keys.waiters(node, model),
+            client: client.unwrap_or_default(),
+            rank: if rank.is_finite() { rank } else { f64::MAX },
         };
-        let before = before.unwrap_or_default();
+        let before = self.waiting.lock().insert(request, entered.clone());
+        if before.as_ref() == Some(&entered) {
+            return;
+        }
         let waiter = store::waiter(self.replica, request);
-        for gone in before
-            .iter()
-            .filter(|e| !entries.iter().any(|n| n.keys == e.keys))
-        {
-            self.leave(gone.keys.clone(), waiter.clone());
+        if let Some(before) = before.filter(|e| e.keys != entered.keys) {
+            self.leave(before.keys, waiter.clone());
         }
-        for entry in entries.into_iter().filter(|e| !before.contains(e)) {
-            let _ = (self.outbox).send(Outgoing::Enter(entry, waiter.clone(), self.waiter_ms()));
-        }
+        let _ = (self.outbox).send(Outgoing::Enter(entered, waiter, self.waiter_ms()));
     }
 
     /// `request` waits no more (it ended, or goes on without a lease): off the waiters.
     pub fn unwait(&self, request: u64) {
-        self.waits_for(request, &[], "", (0.0, None));
+        let left = self.waiting.lock().remove(&request);
+        if let Some(entered) = left {
+            self.leave(entered.keys, store::waiter(self.replica, request));
+        }
     }
 
     fn leave(&self, keys: store::WaiterKeys, waiter: String) {

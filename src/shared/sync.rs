@@ -225,12 +225,7 @@ impl Syncer {
             .map(|(run, key)| (key.clone(), store::member(replica, *run)))
             .collect();
         let waiting: Vec<(store::WaiterKeys, String)> = (shared.waiting.lock().iter())
-            .flat_map(|(request, entries)| {
-                let waiter = store::waiter(replica, *request);
-                entries
-                    .iter()
-                    .map(move |e| (e.keys.clone(), waiter.clone()))
-            })
+            .map(|(request, entered)| (entered.keys.clone(), store::waiter(replica, *request)))
             .collect();
         let mut conn = conn.clone();
         self.renew(&mut conn, &leases, shared.lease_ms()).await;
