@@ -496,3 +496,30 @@ async fn with_a_slot_for_every_conversation_two_replicas_keep_every_follow_up_wa
         "two replicas kept fewer follow-ups warm than one: {shared:?} against {alone:?}"
     );
 }
+
+/// Requests reaching two replicas at the same instant, before either hears of the other's:
+/// only the lease taken in the store keeps them from both taking the node's one slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_reaching_two_replicas_at_once_take_one_slot_between_them() {
+    let store = Store::start().await;
+    let mut cfg = fast_node("n0");
+    cfg.num_parallel = 1;
+    cfg.decode_per_token = Duration::from_millis(10);
+    let node = start(cfg).await;
+    let a = Router::start(vec![NodeSpec::of(&node, 1)], &store.yaml()).await;
+    let b = Router::start(vec![NodeSpec::of(&node, 1)], &store.yaml()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for round in 0..5 {
+        let (to_a, to_b) = (
+            format!("round {round}, via A"),
+            format!("round {round}, via B"),
+        );
+        let (first, second) = tokio::join!(short_chat(&a, &to_a), short_chat(&b, &to_b));
+        assert_eq!((first.as_u16(), second.as_u16()), (200, 200));
+    }
+    assert_eq!(
+        node.most_open().get(common::MODEL).copied(),
+        Some(1),
+        "two replicas sent the node's one slot two requests at once"
+    );
+}
