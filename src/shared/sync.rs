@@ -185,14 +185,7 @@ impl Syncer {
                 }
             }
             let mut conn = conn.clone();
-            match tokio::time::timeout(CALL, pipe.query_async::<()>(&mut conn)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    log::debug!("shared state: send failed: {e}");
-                    metrics().errors.with_label_values(&[error_kind(&e)]).inc();
-                }
-                Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
-            }
+            background("send", pipe.query_async::<()>(&mut conn)).await;
         }
     }
 
@@ -206,14 +199,7 @@ impl Syncer {
         for (key, member) in entries {
             renew.key(key).arg(member);
         }
-        match tokio::time::timeout(CALL, renew.invoke_async::<u64>(conn)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                log::debug!("shared state: deadlines not renewed: {e}");
-                metrics().errors.with_label_values(&[error_kind(&e)]).inc();
-            }
-            Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
-        }
+        background("renew", renew.invoke_async::<u64>(conn)).await;
     }
 
     /// One beat: renew leases and waiters, say what runs and waits, write facts, forget the
@@ -257,14 +243,7 @@ impl Syncer {
             pipe.set_ex(shared.keys.facts(&node), facts, FACTS_TTL_S)
                 .ignore();
         }
-        match tokio::time::timeout(CALL, pipe.query_async::<()>(&mut conn)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                log::debug!("shared state: beat failed: {e}");
-                metrics().errors.with_label_values(&[error_kind(&e)]).inc();
-            }
-            Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
-        }
+        background("beat", pipe.query_async::<()>(&mut conn)).await;
         let silent: Vec<u64> = {
             let mut heard = self.heard.lock();
             let lease = shared.config.lease;
@@ -283,6 +262,19 @@ impl Syncer {
 }
 
 type Inbox = mpsc::UnboundedReceiver<Outgoing>;
+
+/// A background call to the store, bounded by [`CALL`]: a failure or a timeout is logged and
+/// counted, and the beat or the sender goes on.
+async fn background<T>(what: &str, call: impl Future<Output = redis::RedisResult<T>>) {
+    match tokio::time::timeout(CALL, call).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            log::debug!("shared state: {what} failed: {e}");
+            metrics().errors.with_label_values(&[error_kind(&e)]).inc();
+        }
+        Err(_) => metrics().errors.with_label_values(&["timeout"]).inc(),
+    }
+}
 
 /// The background service: [`Syncer`] running for the server's life.
 pub struct Service(pub Arc<Syncer>);
