@@ -515,11 +515,13 @@ async fn a_slot_goes_to_the_fairest_waiting_request_whichever_replica_it_waits_i
     );
 }
 
-/// A known gap (see the note on issue 40): with a slot for every live conversation, one
-/// replica keeps every follow-up warm, and two sharing a store lose 1-2 of 36 in many
-/// replays. Run with `cargo test --test replicas -- --ignored`.
+/// With a slot for every live conversation one replica keeps every follow-up warm, and two
+/// sharing a store must too. The hard part is the first turns, reaching both replicas at
+/// once: each counts only the requests it has heard of, so the store turns some away from a
+/// node the other replica filled, and they must go where a slot is free at once rather than
+/// wait for that node (waiting, they gave a node five conversations for its four slots, and
+/// 1-3 of 36 follow-ups moved off their warm node in about half the replays).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "fails in many replays: two replicas move 1-2 of 36 follow-ups off their warm node"]
 async fn with_a_slot_for_every_conversation_two_replicas_keep_every_follow_up_warm() {
     const ROOMY: usize = 4;
     let think = Duration::from_millis(20);
@@ -536,6 +538,7 @@ async fn with_a_slot_for_every_conversation_two_replicas_keep_every_follow_up_wa
     let shared = replay_with_pauses(&two, &nodes, (12, 4), think).await;
     eprintln!("one replica {alone:?}\ntwo sharing {shared:?}");
     assert_eq!((alone.failed, shared.failed), (0, 0));
+    assert!(shared.most_open <= ROOMY as u32, "{shared:?}");
     assert!(
         shared.warm_share >= alone.warm_share - 0.02,
         "two replicas kept fewer follow-ups warm than one: {shared:?} against {alone:?}"

@@ -19,7 +19,7 @@ use crate::fleet::{Evidence, Listener, Node, Rules};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
 use crate::routing::{
-    Candidate, Decision, Dispatch, Outcome, RouteError, Router, WaitTicket, yields_to_warm,
+    Candidate, Decision, Dispatch, Lease, Outcome, RouteError, Router, WaitTicket, yields_to_warm,
 };
 
 /// A request waiting for a node weighs its choice again at least this often, news or not:
@@ -127,6 +127,9 @@ impl Forwarder {
         let mut waiting: Option<WaitTicket> = None;
         // When the request began waiting in corral for the attempt it makes next.
         let mut waiting_since: Option<Instant> = None;
+        // Decisions taken again at once because the shared store showed other replicas'
+        // requests holding the chosen node's slots.
+        let mut relooks = 0;
         let listener = router.listen(&profile.model_key, ctx.client.requester.clone());
         // Off the waiters the replicas share however this ends (`shared_state:`).
         let _unwait = Unwait(router, listener.id());
@@ -165,13 +168,18 @@ impl Forwarder {
             let picked = match picked {
                 Pick::Send(candidate, mut dispatch) => {
                     let requester = &ctx.client.requester;
-                    if router
-                        .share(&mut dispatch, profile, requester, listener.id())
-                        .await
-                    {
-                        Pick::Send(candidate, dispatch)
-                    } else {
-                        Pick::HeldElsewhere(candidate)
+                    let id = listener.id();
+                    match router.share(&mut dispatch, profile, requester, id).await {
+                        Lease::Taken => Pick::Send(candidate, dispatch),
+                        // The store showed requests there that the decision did not count
+                        // (other replicas' not heard of yet), counted now: decide again at
+                        // once rather than wait for this node while another may have a slot
+                        // free. At most once per candidate, so a view that lags cannot loop.
+                        Lease::Full { news: true } if relooks < decision.ranked.len() => {
+                            relooks += 1;
+                            continue;
+                        }
+                        Lease::Full { .. } => Pick::HeldElsewhere(candidate),
                     }
                 }
                 picked => picked,

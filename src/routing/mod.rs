@@ -27,6 +27,7 @@ use arc_swap::ArcSwap;
 pub use affinity::{AffinityTable, Entry};
 pub use book::{Dispatch, Observation, Outcome, WaitTicket};
 pub use decision::{AffinityResult, Candidate, Decision, HostProbe, Pin, RouteError};
+pub use replicas::Lease;
 pub use score::Scores;
 pub use stay::yields_to_warm;
 

@@ -18,6 +18,18 @@ use crate::fleet::{ClientId, Node, Requester};
 use crate::request::Profile;
 use crate::shared::{Acquired, Alive, Ended, Event, Replica, Sent, Slots, Waiting};
 
+/// How taking a request's lease in the shared store went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lease {
+    /// The request may go: it holds a lease, or no store decides (none configured, the
+    /// request takes no slot, or the store did not answer in time).
+    Taken,
+    /// Requests of all the replicas hold every slot (or wait for one before it): the request
+    /// gives its place back. `news`: the store showed more requests on the node than the
+    /// decision counted, and they are counted now, so deciding again may choose another node.
+    Full { news: bool },
+}
+
 /// Requests and waits of the other replicas.
 #[derive(Default)]
 pub(super) struct Remote {
@@ -36,20 +48,19 @@ struct RemoteRun {
 
 impl Router {
     /// Takes the request's lease on its node's slots in the shared store, where replicas
-    /// share one. False when every slot is held by requests of all the replicas: the request
-    /// gives its place back and decides again, now seeing them.
+    /// share one.
     pub async fn share(
         self: &Arc<Self>,
         dispatch: &mut Dispatch,
         p: &Profile,
         requester: &Requester,
         request: u64,
-    ) -> bool {
+    ) -> Lease {
         let Some(shared) = &self.shared else {
-            return true;
+            return Lease::Taken;
         };
         if !p.endpoint.generates() {
-            return true;
+            return Lease::Taken;
         }
         let node = dispatch.node.clone();
         let slots = Slots {
@@ -57,6 +68,12 @@ impl Router {
             model: &p.model_key,
             limit: dispatch.limit,
         };
+        // The requests this decision counted on the node besides this one: requests of
+        // other replicas heard of while the store answers were not.
+        let counted = node.books(|books| {
+            let state = books.models.get(p.model_key.as_str());
+            state.map_or(0, |s| s.in_flight.saturating_sub(1))
+        });
         let rank = self.fleet.wakeups.rank(requester);
         let client = requester.client.wire();
         let (run, acquired) = shared.acquire(slots, client, request, rank).await;
@@ -67,11 +84,12 @@ impl Router {
         match acquired {
             Acquired::Granted | Acquired::Alone => {
                 dispatch.run = Some(run);
-                true
+                Lease::Taken
             }
             Acquired::Full(holders) => {
                 self.note_holders(&node, &p.model_key, &holders, shared.replica());
-                false
+                let news = u32::try_from(holders.len()).unwrap_or(u32::MAX) > counted;
+                Lease::Full { news }
             }
         }
     }
