@@ -152,20 +152,24 @@ impl FairShare {
         }
     }
 
-    /// Another replica's request of `client` held a slot for `held` (`shared_state:`): the
-    /// client's service had grows here too, so that every replica's fair order counts what
-    /// it had from all of them.
-    pub fn charge(&self, client: ClientId, held: Duration) {
+    /// Another replica's request of `client` started (`shared_state:`): the client is charged
+    /// the estimate of one request's slot time, as [`Member::start`] charges one of this
+    /// replica's, so that every replica's fair order counts what it has from all of them.
+    /// Returns the estimate, for [`FairShare::charge`] to settle.
+    pub fn charge_start(&self, client: &ClientId) -> f64 {
         let mut book = self.book.lock();
-        let floor = book.active_floor().unwrap_or(book.floor);
-        if book.clients.len() >= REMEMBERED {
-            book.clients.retain(|_, a| a.active > 0);
-        }
-        let account = book.clients.entry(client).or_default();
-        if account.active == 0 {
-            account.used = account.used.max(floor);
-        }
-        account.used += held.as_secs_f64();
+        let typical = book.typical.unwrap_or(0.0);
+        let account = book.account(client.clone());
+        let estimate = account.mean.unwrap_or(typical);
+        account.used += estimate;
+        estimate
+    }
+
+    /// Another replica's request of `client` ended (`shared_state:`): its service had grows
+    /// by `seconds`, the slot time it held less what its start was charged (which may be
+    /// less than nothing).
+    pub fn charge(&self, client: ClientId, seconds: f64) {
+        self.book.lock().account(client).used += seconds;
     }
 
     /// Where `client` stands now; a client not active stands where it would start.
@@ -182,6 +186,20 @@ impl FairShare {
 }
 
 impl Book {
+    /// `client`'s account, which starts where a client becoming active starts when it is
+    /// not active here.
+    fn account(&mut self, client: ClientId) -> &mut Account {
+        let floor = self.active_floor().unwrap_or(self.floor);
+        if self.clients.len() >= REMEMBERED {
+            self.clients.retain(|_, a| a.active > 0);
+        }
+        let account = self.clients.entry(client).or_default();
+        if account.active == 0 {
+            account.used = account.used.max(floor);
+        }
+        account
+    }
+
     fn standing(&self, client: &ClientId) -> Standing {
         match self.clients.get(client) {
             Some(a) if a.active > 0 => Standing {
@@ -378,7 +396,7 @@ mod tests {
     fn service_another_replica_gave_counts_here() {
         let s = share();
         let (agent, person) = (s.join("agent".into()), s.join("person".into()));
-        s.charge("agent".into(), secs(5.0));
+        s.charge("agent".into(), 5.0);
         assert_eq!(s.standing(&"agent".into()).used, 5.0);
         assert!(s.standing(&"person".into()) < s.standing(&"agent".into()));
         drop((agent, person));
@@ -386,9 +404,34 @@ mod tests {
         let busy = s.join("busy".into());
         busy.start();
         busy.settle_held(secs(3.0));
-        s.charge("elsewhere".into(), secs(1.0));
+        s.charge("elsewhere".into(), 1.0);
         assert_eq!(s.standing(&"elsewhere".into()).used, 3.0 + 1.0);
         drop(busy);
+    }
+
+    #[test]
+    fn a_request_another_replica_started_counts_from_its_start_as_it_does_there() {
+        // Two replicas' books, which have seen the same requests end.
+        let (here, there) = (share(), share());
+        let mut active = Vec::new();
+        for s in [&here, &there] {
+            let (agent, person) = (s.join("agent".into()), s.join("person".into()));
+            agent.start();
+            agent.settle_held(secs(2.0));
+            active.extend([agent, person]);
+        }
+        // The agent starts a request there; here it is heard of.
+        let started = there.join("agent".into());
+        started.start();
+        let estimate = here.charge_start(&"agent".into());
+        let agent = ClientId::from("agent");
+        assert_eq!(here.standing(&agent).used, there.standing(&agent).used);
+        // It held its slot 3 s: both settle to the same service had.
+        started.settle_held(secs(3.0));
+        here.charge(agent.clone(), 3.0 - estimate);
+        assert_eq!(here.standing(&agent).used, there.standing(&agent).used);
+        assert_eq!(here.standing(&agent).used, 2.0 + 3.0);
+        drop(active);
     }
 
     #[test]

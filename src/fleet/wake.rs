@@ -141,9 +141,14 @@ impl Wakeups {
         }
     }
 
-    /// Another replica's request of `client` held a slot this long: see [`FairShare::charge`].
-    pub fn charge(&self, client: ClientId, held: std::time::Duration) {
-        self.fair.charge(client, held);
+    /// Another replica's request of `client` started: see [`FairShare::charge_start`].
+    pub fn charge_start(&self, client: &ClientId) -> f64 {
+        self.fair.charge_start(client)
+    }
+
+    /// Another replica's request of `client` ended: see [`FairShare::charge`].
+    pub fn charge(&self, client: ClientId, seconds: f64) {
+        self.fair.charge(client, seconds);
     }
 
     /// A slot for `model` freed on `node` (a request ended, or a warm waiter left the slot it

@@ -250,6 +250,7 @@ impl Router {
                 tokens,
                 prefixes: dispatch.remembered.clone(),
                 session: p.session,
+                client: None,
             });
         }
     }

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,8 @@ struct RemoteRun {
     /// Its slot and conversation line, once its `Sent` came; none for a request known only
     /// as a lease holder.
     slot: Option<(usize, u64)>,
+    /// Its client and the slot time charged to it when its `Sent` came, settled by its end.
+    charged: Option<(ClientId, f64)>,
 }
 
 impl Router {
@@ -128,6 +130,7 @@ impl Router {
                     node: node.id,
                     model: model.to_string(),
                     slot: None,
+                    charged: None,
                 }
             });
         }
@@ -164,10 +167,20 @@ impl Router {
             };
             occupy(state, sent.slot, held, Instant::now());
         });
+        // Charged from its start, as its own replica charges it: else each replica would count
+        // the other's requests only once they end, and rank that client before where the
+        // other replica ranks it.
+        let charged = (sent.client.as_deref())
+            .and_then(ClientId::from_wire)
+            .map(|client| {
+                let estimate = self.fleet.wakeups.charge_start(&client);
+                (client, estimate)
+            });
         let run = RemoteRun {
             node: node.id,
             model: sent.model,
             slot: Some((sent.slot, sent.lineage)),
+            charged,
         };
         remote.runs.insert((sent.replica, sent.run), run);
         drop(remote);
@@ -215,14 +228,14 @@ impl Router {
 
     fn ended_elsewhere(&self, ended: Ended) {
         let run = self.remote.lock().runs.remove(&(ended.replica, ended.run));
+        let charged = run.as_ref().and_then(|r| r.charged.as_ref()).map(|c| c.1);
         if let Some(run) = run {
             self.end(run, ended.kept);
         }
         let client = ended.client.as_deref().and_then(ClientId::from_wire);
-        let held = Duration::try_from_secs_f64(ended.held_s).unwrap_or_default();
-        if let Some(client) = client
-            && !held.is_zero()
-        {
+        if let Some(client) = client {
+            // What it held, less what its start was charged.
+            let held = ended.held_s.max(0.0) - charged.unwrap_or(0.0);
             self.fleet.wakeups.charge(client, held);
         }
     }

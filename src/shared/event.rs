@@ -43,6 +43,10 @@ pub struct Sent {
     pub prefixes: Vec<u64>,
     /// The explicit session key, if the request had one.
     pub session: Option<u64>,
+    /// Whose request it is (`key:NAME` or `addr:IP`): the fair order between clients charges
+    /// it a slot's use from its start, as the replica that sent it does.
+    #[serde(default)]
+    pub client: Option<String>,
 }
 
 /// A request a replica sent has ended: its slot is free.
@@ -94,6 +98,7 @@ mod tests {
             tokens: 1200,
             prefixes: vec![5, 6],
             session: None,
+            client: Some("key:team-a".into()),
         });
         let text = serde_json::to_string(&sent).unwrap();
         assert!(text.starts_with(r#"{"event":"sent","replica":7"#), "{text}");

@@ -315,6 +315,7 @@ impl Run {
     pub fn sent(&mut self, mut sent: Sent) {
         sent.replica = self.shared.replica;
         sent.run = self.id;
+        sent.client.clone_from(&self.client);
         let mut published = self.shared.published.lock();
         published.insert(self.id);
         self.shared.publish(Event::Sent(sent));
