@@ -382,6 +382,13 @@ async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request
             && learned["decode_tokens_per_second"].as_f64().is_some(),
         "the new replica knows nothing of n0: {fleet}"
     );
+    // It shares from then on, without a restart of the others: both ways.
+    let mut n = 0;
+    common::eventually("the replica that joined shares", async || {
+        n += 2;
+        follow_up_finds_its_node(&b, &c, n).await && follow_up_finds_its_node(&c, &a, n + 1).await
+    })
+    .await;
     drop(c);
 
     // A dies holding the slot: its lease expires and B, having waited, is served.
