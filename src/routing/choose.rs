@@ -99,7 +99,7 @@ pub fn rank(
             availability: signals::availability(view.success_ratio, w),
             context_fit: signals::context_fit(p.prompt_tokens, p.num_ctx, view.loaded_context, w),
             session_affinity: signals::session_affinity(warmth, queue, w),
-            sooner: 0.0,
+            ..Scores::default()
         };
         ranked.push(Candidate {
             node: view.node.clone(),
@@ -189,15 +189,17 @@ fn open_second_home(ranked: &mut [Candidate], homes: &[Home], p: &Profile, w: &W
         if c.resident || c.standby || bonus == 0.0 {
             continue;
         }
-        c.scores.model_loaded = bonus;
-        c.scores.context_fit = signals::context_fit(p.prompt_tokens, p.num_ctx, context, w);
+        // As if loaded, with the context it has at home.
+        let context_fit = signals::context_fit(p.prompt_tokens, p.num_ctx, context, w);
+        c.scores.second_home =
+            (bonus - c.scores.model_loaded) + (context_fit - c.scores.context_fit);
     }
 }
 
 /// A new conversation goes where it costs least in seconds ([`stay::start_cost`]: the wait,
 /// its prefill, and the cold turns it will cause there), among the live nodes where the
 /// model is resident that the signals other than speed and queue depth rate best (role,
-/// memory, context, availability): its affinity score is raised just enough to lead. A
+/// memory, context, availability): it is given just the lead it needs (`spread`). A
 /// conversation stays where it starts, so where it starts decides what stays warm: by speed
 /// and queue alone every new conversation goes to the fastest node, whose cache then pushes
 /// live conversations out while slower nodes keep room unused. A node not measured yet is
@@ -234,7 +236,7 @@ fn spread_by_warm_room(
         Some((i, stay::start_cost(home, p.prompt_tokens)?))
     });
     if let Some(pick) = cheapest(ranked, costs) {
-        lead_by_affinity(ranked, pick);
+        lead_by(ranked, pick, |s| &mut s.spread);
     }
 }
 
@@ -263,7 +265,7 @@ fn restart_where_soonest(ranked: &mut [Candidate], starts: &[Start], p: &Profile
         Some((i, wait_s + f64::from(p.prompt_tokens) / cold_tps))
     });
     if let Some(pick) = cheapest(ranked, costs) {
-        lead_by_affinity(ranked, pick);
+        lead_by(ranked, pick, |s| &mut s.restart);
     }
 }
 
@@ -310,11 +312,11 @@ fn best_other(ranked: &[Candidate], pick: usize) -> Option<usize> {
         })
 }
 
-/// Raises `pick`'s session-affinity score just enough for it to lead, so that its
-/// X-Fleet-Score shows it won.
-fn lead_by_affinity(ranked: &mut [Candidate], pick: usize) {
+/// Gives `pick` just the lead it needs over every other live candidate, in the adjustment's
+/// own field, so that its X-Fleet-Score shows it won and X-Fleet-Explain says why.
+fn lead_by(ranked: &mut [Candidate], pick: usize, adjustment: fn(&mut Scores) -> &mut f64) {
     if let Some(raise) = lead(ranked, pick) {
-        ranked[pick].scores.session_affinity += raise;
+        *adjustment(&mut ranked[pick].scores) += raise;
     }
 }
 
@@ -381,8 +383,8 @@ fn load_where_sooner(
         }
         _ => true,
     };
-    if sooner && let Some(raise) = lead(ranked, pick) {
-        ranked[pick].scores.sooner = raise;
+    if sooner {
+        lead_by(ranked, pick, |s| &mut s.sooner);
     }
 }
 
@@ -486,7 +488,7 @@ fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 /// When the conversation's warm node is outscored, keeps the follow-up there anyway if,
 /// counted in seconds, it would start there no later than a move to the best other node
-/// (see [`stay`]): the warm node's affinity score is raised just enough to lead. Needs
+/// (see [`stay`]): the warm node is given just the lead it needs (`stay`). Needs
 /// measured service times and prefill rates; without them the signals decide alone, as
 /// in the README's worked example. Off unless `weights.move_cost` is set.
 fn keep_warm_if_sooner(
@@ -516,7 +518,7 @@ fn keep_warm_if_sooner(
         return;
     };
     if stay::stays(warm_wait, other_wait, cost) {
-        lead_by_affinity(ranked, warm);
+        lead_by(ranked, warm, |s| &mut s.stay);
     }
 }
 
@@ -849,8 +851,8 @@ mod tests {
         assert_eq!(names(&ranked), ["slower", "fast"]);
         assert!(ranked[1].scores.latency == 0.0 && ranked[0].scores.latency < 0.0);
         assert!(
-            ranked[0].scores.session_affinity > 0.0,
-            "the spread lifts it to lead"
+            ranked[0].scores.spread > 0.0 && ranked[0].scores.session_affinity == 0.0,
+            "the spread, in its own field, lifts it to lead"
         );
         assert!(ranked[0].scores.total() > ranked[1].scores.total());
 
@@ -873,7 +875,11 @@ mod tests {
         b.model.warm_room = 9.0;
         let p = chat("m");
         let alone = rank(&p, r, &[a.clone(), b.clone()], &w).unwrap();
-        assert!(alone.iter().all(|c| c.scores.session_affinity == 0.0));
+        assert!(alone.iter().all(|c| c.scores
+            == Scores {
+                spread: 0.0,
+                ..c.scores
+            }));
     }
 
     #[test]

@@ -16,8 +16,21 @@ pub struct Scores {
     pub availability: f64,
     pub context_fit: f64,
     pub session_affinity: f64,
-    /// Not a signal: the lead given to a node that loads the model where the request would
-    /// otherwise wait longer ([`super::choose`], "load where sooner"). Zero elsewhere.
+    // The adjustments after the signals, in the order [`super::choose::rank`] applies them,
+    // each in its own field: zero where it did not apply.
+    /// A new conversation for a model whose every home has its slots full: a node that can
+    /// load it without evicting anything scores as if it were loaded there.
+    pub second_home: f64,
+    /// A new conversation leads where it costs least in seconds (wait, prefill, and the cold
+    /// turns it would cause there).
+    pub spread: f64,
+    /// A follow-up warm nowhere, on nodes that keep nothing beyond their slots, leads where
+    /// it starts soonest.
+    pub restart: f64,
+    /// A follow-up leads on its busy warm node where it starts there no later than a move
+    /// (`weights.move_cost`).
+    pub stay: f64,
+    /// A node leads that loads the model where the request would otherwise wait longer.
     pub sooner: f64,
 }
 
@@ -32,6 +45,10 @@ impl Scores {
             availability: f(self.availability),
             context_fit: f(self.context_fit),
             session_affinity: f(self.session_affinity),
+            second_home: f(self.second_home),
+            spread: f(self.spread),
+            restart: f(self.restart),
+            stay: f(self.stay),
             sooner: f(self.sooner),
         }
     }
@@ -45,6 +62,10 @@ impl Scores {
             + self.availability
             + self.context_fit
             + self.session_affinity
+            + self.second_home
+            + self.spread
+            + self.restart
+            + self.stay
             + self.sooner
     }
 }
@@ -98,9 +119,17 @@ pub fn explain<'a>(rows: impl Iterator<Item = (&'a str, &'a Scores)>) -> String 
             s.context_fit,
             s.session_affinity
         );
-        // Named only where it changed the ranking.
-        if s.sooner != 0.0 {
-            let _ = write!(out, " sooner={:.1}", s.sooner);
+        // Adjustments, named only where they applied.
+        for (adjustment, lead) in [
+            ("second_home", s.second_home),
+            ("spread", s.spread),
+            ("restart", s.restart),
+            ("stay", s.stay),
+            ("sooner", s.sooner),
+        ] {
+            if lead != 0.0 {
+                let _ = write!(out, " {adjustment}={lead:.1}");
+            }
         }
     }
     out
@@ -152,5 +181,28 @@ mod tests {
             ..Default::default()
         };
         assert!(explain([("a", &negative_zero)].into_iter()).contains("queue=0.0"));
+    }
+
+    #[test]
+    fn explain_names_each_adjustment_that_applied_and_its_lead() {
+        let signals = Scores {
+            model_loaded: 50.0,
+            session_affinity: 20.0,
+            ..Default::default()
+        };
+        let none = explain([("a", &signals)].into_iter());
+        assert!(none.ends_with("affinity=20.0"), "{none}");
+        let adjusted = Scores {
+            spread: 3.5,
+            sooner: 1.0,
+            ..signals
+        };
+        let text = explain([("a", &adjusted)].into_iter());
+        assert!(
+            text.ends_with("affinity=20.0 spread=3.5 sooner=1.0"),
+            "{text}"
+        );
+        // The total counts them; the signals' columns are left as the signals scored.
+        assert!(text.starts_with("a total=74.5 loaded=50.0"), "{text}");
     }
 }
