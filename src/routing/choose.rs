@@ -1053,4 +1053,170 @@ mod tests {
         let new = rank(&p, request(Some(5 * GB), None), &views, &w).unwrap();
         assert_eq!(new[0].node.name(), "empty");
     }
+
+    /// What varies between nodes in a generated snapshot.
+    #[derive(Clone, Debug)]
+    struct Gen {
+        standby: bool,
+        resident: bool,
+        success: f64,
+        parallel: usize,
+        in_flight: u32,
+        waiting: u32,
+        /// Prefill rate; decode, cold rate and service time follow from it.
+        prefill: Option<f64>,
+        service_s: Option<f64>,
+        load_s: Option<f64>,
+        live: u32,
+        room: f64,
+        displaces: bool,
+        slots_only: bool,
+        used_gb: u64,
+    }
+
+    fn gen_node() -> impl proptest::strategy::Strategy<Value = Gen> {
+        use proptest::prelude::*;
+        // Few distinct values, so that nodes often tie and the tie-break is put to work.
+        let speeds = (
+            proptest::option::of(prop_oneof![Just(1000.0), Just(4000.0)]),
+            proptest::option::of(prop_oneof![Just(2.0), Just(8.0)]),
+            proptest::option::of(prop_oneof![Just(5.0), Just(30.0)]),
+        );
+        let room = prop_oneof![Just(0.0), Just(4.0), Just(9.5)];
+        let load = (
+            0..12u32,
+            0..6u32,
+            room,
+            any::<bool>(),
+            any::<bool>(),
+            0..30u64,
+        );
+        let success = prop_oneof![Just(1.0), Just(1.0), Just(0.5)];
+        (
+            any::<bool>(),
+            any::<bool>(),
+            success,
+            1..5usize,
+            0..10u32,
+            speeds,
+            load,
+        )
+            .prop_map(
+                |(standby, resident, success, parallel, in_flight, speeds, load)| {
+                    let (waiting, live, room, displaces, slots_only, used_gb) = load;
+                    Gen {
+                        standby,
+                        resident,
+                        success,
+                        parallel,
+                        in_flight,
+                        waiting: waiting % 4,
+                        prefill: speeds.0,
+                        service_s: speeds.1,
+                        load_s: speeds.2,
+                        live: live % 8,
+                        room,
+                        displaces,
+                        slots_only,
+                        used_gb,
+                    }
+                },
+            )
+    }
+
+    fn snapshot(nodes: &[Gen], now: Instant) -> Vec<NodeView> {
+        let names = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
+        (nodes.iter().zip(0u16..).zip(names))
+            .map(|((g, id), name)| {
+                let mut v = view(id, name);
+                v.standby = g.standby;
+                v.resident = g.resident;
+                v.success_ratio = g.success;
+                (v.parallel, v.admits) = (g.parallel, g.parallel);
+                v.footprint.used = g.used_gb * GB;
+                v.footprint.idle = g.used_gb * GB / 2;
+                let m = &mut v.model;
+                (m.in_flight, m.waiting) = (g.in_flight, g.waiting);
+                m.prefill_tps = g.prefill;
+                m.decode_tps = g.prefill.map(|tps| tps / 60.0);
+                m.cold_tps = g.prefill;
+                m.speed_at = g.prefill.map(|_| now);
+                (m.service_s, m.load_s) = (g.service_s, g.load_s);
+                (m.live_conversations, m.warm_room) = (g.live, g.room);
+                m.new_conversation_displaces = g.displaces;
+                m.slots_only = g.slots_only;
+                m.full = g.in_flight as usize >= g.parallel;
+                v
+            })
+            .collect()
+    }
+
+    fn order(ranked: &[Candidate]) -> Vec<(String, u64)> {
+        (ranked.iter())
+            .map(|c| (c.node.name().to_string(), c.scores.total().to_bits()))
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// The whole decision on generated snapshots: the same snapshot ranks the same, in
+        /// whatever order its nodes come and whatever the nodes' own books say meanwhile
+        /// (only the snapshot is read); the order is total (standby nodes, then loads that
+        /// evict a model in use, last; else by total, highest first); no node is lost.
+        #[test]
+        fn ranking_a_snapshot_is_total_deterministic_and_reads_only_the_snapshot(
+            nodes in proptest::collection::vec(gen_node(), 1..6),
+            rotate in 0..6usize,
+            warm in proptest::option::of(0..6u16),
+            continues in proptest::prelude::any::<bool>(),
+            need_gb in proptest::option::of(1..30u64),
+            pause_s in proptest::option::of(1.0..60.0f64),
+            move_cost in 0.0..3.0f64,
+        ) {
+            let now = Instant::now();
+            let w = Weights { move_cost, ..Weights::default() };
+            let p = if continues { follow_up("m", 2000) } else { chat("m") };
+            let r = Request {
+                need: need_gb.map(|gb| gb * GB),
+                warm_node: warm.filter(|&id| usize::from(id) < nodes.len()),
+                pin_node: warm.filter(|&id| usize::from(id) < nodes.len()),
+                now,
+                pause_s,
+            };
+            let views = snapshot(&nodes, now);
+            let Ok(first) = rank(&p, r, &views, &w) else {
+                // Refused (the model fits no node): refused again, whatever the order.
+                let mut turned = views.clone();
+                turned.rotate_left(rotate % views.len());
+                proptest::prop_assert!(rank(&p, r, &turned, &w).is_err());
+                return Ok(());
+            };
+            // Total: the groups in order, and within each the totals never rise.
+            let keys: Vec<(bool, bool)> = first.iter().map(|c| (c.standby, c.evicts_busy)).collect();
+            proptest::prop_assert!(keys.is_sorted(), "{keys:?}");
+            for pair in first.windows(2) {
+                if (pair[0].standby, pair[0].evicts_busy) == (pair[1].standby, pair[1].evicts_busy) {
+                    proptest::prop_assert!(pair[0].scores.total() >= pair[1].scores.total());
+                }
+            }
+            let mut names: Vec<&str> = first.iter().map(|c| c.node.name()).collect();
+            names.sort_unstable();
+            names.dedup();
+            proptest::prop_assert_eq!(names.len(), first.len());
+            // Deterministic, and the same in any order of the nodes.
+            proptest::prop_assert_eq!(order(&rank(&p, r, &views, &w).unwrap()), order(&first));
+            let mut turned = views.clone();
+            turned.rotate_left(rotate % views.len());
+            turned.reverse();
+            proptest::prop_assert_eq!(order(&rank(&p, r, &turned, &w).unwrap()), order(&first));
+            // The nodes' own books changing meanwhile changes nothing: only the snapshot counts.
+            for view in &views {
+                view.node.books(|books| {
+                    let state = books.models.entry_ref("m").or_default();
+                    state.in_flight += 7;
+                    state.waiting += 3;
+                });
+            }
+            proptest::prop_assert_eq!(order(&rank(&p, r, &views, &w).unwrap()), order(&first));
+        }
+    }
 }
