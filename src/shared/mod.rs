@@ -172,7 +172,8 @@ impl Shared {
             let mut invocation = self.scripts.acquire.key(&key);
             (invocation.key(&waiters.rank))
                 .key(&waiters.until)
-                .key(&waiters.client);
+                .key(&waiters.client)
+                .key(self.keys.ranks());
             invocation.arg(&member).arg(limit).arg(self.lease_ms());
             invocation.arg(store::member_prefix(self.replica));
             invocation

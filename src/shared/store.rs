@@ -38,6 +38,12 @@ impl Keys {
         }
     }
 
+    /// Where each client stands in the fair order between clients, as a replica last put it:
+    /// client -> rank (lower first).
+    pub fn ranks(&self) -> String {
+        format!("{}:ranks", self.prefix)
+    }
+
     /// What replies taught about a node.
     pub fn facts(&self, node: &str) -> String {
         format!("{}:facts:{node}", self.prefix)
@@ -74,7 +80,8 @@ pub fn parse_member(member: &str) -> Option<(u64, u64)> {
     Some((u64::from_str_radix(replica, 16).ok()?, run.parse().ok()?))
 }
 
-/// KEYS: the leases, then the waiters' ranks, deadlines and clients ([`WaiterKeys`]). ARGV:
+/// KEYS: the leases, then the waiters' ranks, deadlines and clients ([`WaiterKeys`]), then
+/// the clients' ranks ([`Keys::ranks`]). ARGV:
 /// member, limit, lease in ms, the replica's member prefix, the waiting request, its rank,
 /// its client, how long its entry lasts in ms, then the replica's members that may hold a
 /// lease there.
@@ -84,7 +91,10 @@ pub fn parse_member(member: &str) -> Option<(u64, u64)> {
 /// Grants a lease when a slot is free and fewer requests of other clients that rank before
 /// this one wait than slots are free, so that a slot goes to the client first in the fair
 /// order whichever replica its request waits in (among one client's requests, each replica's
-/// own order stands); else enters the request among the waiters, or updates its rank. Replies
+/// own order stands); else enters the request among the waiters, or updates its rank. A
+/// waiter ranks by where its client stands now (the clients' ranks, which every call
+/// refreshes for its own client), not where it stood when it was entered: a request waiting
+/// long would otherwise rank before a client that had less service since. Replies
 /// `granted`, or `full` followed by the holders. The store's clock scores the leases and the
 /// waiters, so the replicas' clocks need not agree.
 const ACQUIRE: &str = r"
@@ -104,13 +114,23 @@ for _, holder in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
     redis.call('ZREM', KEYS[1], holder)
   end
 end
+if client ~= '' then
+  redis.call('HSET', KEYS[5], client, rank)
+  redis.call('PEXPIRE', KEYS[5], ARGV[3])
+end
 local holders = redis.call('ZRANGE', KEYS[1], 0, -1)
 local free = tonumber(ARGV[2]) - #holders
 if free > 0 then
   local ahead = 0
-  for _, other in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. rank)) do
-    if other ~= waiter and redis.call('HGET', KEYS[4], other) ~= client then
-      ahead = ahead + 1
+  local waiting = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  for i = 1, #waiting, 2 do
+    local other = waiting[i]
+    local whose = redis.call('HGET', KEYS[4], other)
+    if other ~= waiter and whose ~= client then
+      local now_rank = whose and tonumber(redis.call('HGET', KEYS[5], whose))
+      if (now_rank or tonumber(waiting[i + 1])) < tonumber(rank) then
+        ahead = ahead + 1
+      end
     end
   end
   if ahead < free then
@@ -130,9 +150,10 @@ table.insert(holders, 1, 'full')
 return holders
 ";
 
-/// KEYS: the waiters' ranks, deadlines and clients; ARGV: the waiting request, its rank, its
-/// client, how long its entry lasts in ms. Enters the request among the waiters for a node's
-/// slot, or updates its rank. Sent with EVAL (in a pipeline, and small): it needs no loading.
+/// KEYS: the waiters' ranks, deadlines and clients, then the clients' ranks; ARGV: the waiting
+/// request, its rank, its client, how long its entry lasts in ms. Enters the request among the
+/// waiters for a node's slot, or updates its rank, and its client's. Sent with EVAL (in a
+/// pipeline, and small): it needs no loading.
 pub const ENTER: &str = r"
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -140,6 +161,10 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[3], ARGV[2])
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
+end
 return 1
 ";
 

@@ -165,8 +165,9 @@ impl Syncer {
                     Outgoing::Enter(entered, waiter, ms) => {
                         let keys = &entered.keys;
                         let mut enter = redis::cmd("EVAL");
-                        enter.arg(store::ENTER).arg(3);
+                        enter.arg(store::ENTER).arg(4);
                         enter.arg(&keys.rank).arg(&keys.until).arg(&keys.client);
+                        enter.arg(self.shared.keys.ranks());
                         enter
                             .arg(waiter)
                             .arg(entered.rank)
