@@ -244,4 +244,121 @@ mod tests {
         assert_eq!(keys.events(), "lab:events");
         assert_eq!(keys.facts("gpu"), "lab:facts:gpu");
     }
+
+    /// A redis-server of the test's own on a free port, stopped by its pid when dropped.
+    struct Server(std::process::Child, u16);
+
+    impl Server {
+        async fn start() -> Server {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port");
+            let child = std::process::Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server runs (apt-get install redis-server)");
+            let server = Server(child, port);
+            for _ in 0..500 {
+                if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+                {
+                    return server;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            panic!("redis-server did not listen");
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// One call of the acquire script for a node of one slot: (replica, run) takes a lease,
+    /// else its request `waiter` waits with `rank` for `client`.
+    async fn acquire(
+        conn: &mut redis::aio::MultiplexedConnection,
+        (replica, run): (u64, u64),
+        waiter: u64,
+        rank: f64,
+        client: &str,
+    ) -> Reply {
+        let keys = Keys::new("t");
+        let waiters = keys.waiters("n0", "m");
+        let scripts = Scripts::default();
+        let mut call = scripts.acquire.key(keys.slots("n0", "m"));
+        (call.key(&waiters.rank).key(&waiters.until))
+            .key(&waiters.client)
+            .key(keys.ranks());
+        call.arg(member(replica, run)).arg(1).arg(10_000);
+        call.arg(member_prefix(replica))
+            .arg(super::waiter(replica, waiter));
+        call.arg(rank)
+            .arg(client)
+            .arg(10_000)
+            .arg(member(replica, run));
+        let reply: Vec<String> = call.invoke_async(conn).await.expect("the script runs");
+        Reply::parse(&reply).expect("a reply the script gives")
+    }
+
+    #[tokio::test]
+    async fn a_waiter_ranks_by_where_its_client_stands_now_not_when_it_was_entered() {
+        let server = Server::start().await;
+        let url = format!("redis://127.0.0.1:{}", server.1);
+        let client = redis::Client::open(url).expect("a url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connects");
+        let slots = Keys::new("t").slots("n0", "m");
+        // Replica 3's filler holds the one slot; replica 1's agent request waits, entered when
+        // the agent stood at 1.0.
+        assert_eq!(
+            acquire(&mut conn, (3, 1), 1, 0.0, "key:filler").await,
+            Reply::Granted
+        );
+        let agent = acquire(&mut conn, (1, 1), 1, 1.0, "key:agent").await;
+        assert_eq!(agent, Reply::Full(vec![(3, 1)]));
+        // The agent's service grows meanwhile: its next call elsewhere says it stands at 10.
+        let _: () = redis::cmd("HSET")
+            .arg(Keys::new("t").ranks())
+            .arg("key:agent")
+            .arg(10.0)
+            .query_async(&mut conn)
+            .await
+            .expect("HSET");
+        let _: () = redis::cmd("ZREM")
+            .arg(&slots)
+            .arg(member(3, 1))
+            .query_async(&mut conn)
+            .await
+            .expect("the filler's lease given back");
+        // Replica 2: a person standing at 5 goes before the agent, who has had more since.
+        let person = acquire(&mut conn, (2, 1), 1, 5.0, "key:person").await;
+        assert_eq!(person, Reply::Granted);
+
+        // And where the agent still stands before the person, the person waits.
+        let _: () = redis::cmd("ZREM")
+            .arg(&slots)
+            .arg(member(2, 1))
+            .query_async(&mut conn)
+            .await
+            .expect("the person's lease given back");
+        let _: () = redis::cmd("HSET")
+            .arg(Keys::new("t").ranks())
+            .arg("key:agent")
+            .arg(3.0)
+            .query_async(&mut conn)
+            .await
+            .expect("HSET");
+        let person = acquire(&mut conn, (2, 2), 2, 5.0, "key:person").await;
+        assert_eq!(person, Reply::Full(vec![]));
+    }
 }
