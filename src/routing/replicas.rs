@@ -44,8 +44,8 @@ struct RemoteRun {
     /// Its slot and conversation line, once its `Sent` came; none for a request known only
     /// as a lease holder.
     slot: Option<(usize, u64)>,
-    /// Its client and the slot time charged to it when its `Sent` came, settled by its end.
-    charged: Option<(ClientId, f64)>,
+    /// The slot time its client was charged when its `Sent` came, settled by its end.
+    charged: f64,
 }
 
 impl Router {
@@ -130,7 +130,7 @@ impl Router {
                     node: node.id,
                     model: model.to_string(),
                     slot: None,
-                    charged: None,
+                    charged: 0.0,
                 }
             });
         }
@@ -153,6 +153,12 @@ impl Router {
         let Some(node) = self.node_named(&sent.node) else {
             return;
         };
+        // Charged from its start, as its own replica charges it: else each replica would count
+        // the other's requests only once they end, and rank that client before where the
+        // other replica ranks it.
+        let charged = (sent.client.as_deref())
+            .and_then(ClientId::from_wire)
+            .map_or(0.0, |client| self.fleet.wakeups.charge_start(&client));
         let mut remote = self.remote.lock();
         let known = remote.runs.contains_key(&(sent.replica, sent.run));
         node.books(|books| {
@@ -167,15 +173,6 @@ impl Router {
             };
             occupy(state, sent.slot, held, Instant::now());
         });
-        // Charged from its start, as its own replica charges it: else each replica would count
-        // the other's requests only once they end, and rank that client before where the
-        // other replica ranks it.
-        let charged = (sent.client.as_deref())
-            .and_then(ClientId::from_wire)
-            .map(|client| {
-                let estimate = self.fleet.wakeups.charge_start(&client);
-                (client, estimate)
-            });
         let run = RemoteRun {
             node: node.id,
             model: sent.model,
@@ -228,14 +225,14 @@ impl Router {
 
     fn ended_elsewhere(&self, ended: Ended) {
         let run = self.remote.lock().runs.remove(&(ended.replica, ended.run));
-        let charged = run.as_ref().and_then(|r| r.charged.as_ref()).map(|c| c.1);
+        let charged = run.as_ref().map_or(0.0, |r| r.charged);
         if let Some(run) = run {
             self.end(run, ended.kept);
         }
         let client = ended.client.as_deref().and_then(ClientId::from_wire);
         if let Some(client) = client {
             // What it held, less what its start was charged.
-            let held = ended.held_s.max(0.0) - charged.unwrap_or(0.0);
+            let held = ended.held_s.max(0.0) - charged;
             self.fleet.wakeups.charge(client, held);
         }
     }

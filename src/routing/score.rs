@@ -62,11 +62,18 @@ impl Scores {
             + self.availability
             + self.context_fit
             + self.session_affinity
-            + self.second_home
-            + self.spread
-            + self.restart
-            + self.stay
-            + self.sooner
+            + self.adjustments().iter().map(|(_, lead)| lead).sum::<f64>()
+    }
+
+    /// The adjustments after the signals, by name, in the order they are applied.
+    pub fn adjustments(&self) -> [(&'static str, f64); 5] {
+        [
+            ("second_home", self.second_home),
+            ("spread", self.spread),
+            ("restart", self.restart),
+            ("stay", self.stay),
+            ("sooner", self.sooner),
+        ]
     }
 }
 
@@ -120,13 +127,7 @@ pub fn explain<'a>(rows: impl Iterator<Item = (&'a str, &'a Scores)>) -> String 
             s.session_affinity
         );
         // Adjustments, named only where they applied.
-        for (adjustment, lead) in [
-            ("second_home", s.second_home),
-            ("spread", s.spread),
-            ("restart", s.restart),
-            ("stay", s.stay),
-            ("sooner", s.sooner),
-        ] {
+        for (adjustment, lead) in s.adjustments() {
             if lead != 0.0 {
                 let _ = write!(out, " {adjustment}={lead:.1}");
             }

@@ -308,6 +308,29 @@ mod tests {
         Reply::parse(&reply).expect("a reply the script gives")
     }
 
+    /// `client` stands at `rank`, as another call of one of its requests wrote it.
+    async fn stands(conn: &mut redis::aio::MultiplexedConnection, client: &str, rank: f64) {
+        let ranks = Keys::new("t").ranks();
+        let written: redis::RedisResult<()> = redis::cmd("HSET")
+            .arg(ranks)
+            .arg(client)
+            .arg(rank)
+            .query_async(conn)
+            .await;
+        written.expect("HSET");
+    }
+
+    /// The lease `member` is given back.
+    async fn give_back(conn: &mut redis::aio::MultiplexedConnection, member: String) {
+        let slots = Keys::new("t").slots("n0", "m");
+        let removed: redis::RedisResult<()> = redis::cmd("ZREM")
+            .arg(slots)
+            .arg(member)
+            .query_async(conn)
+            .await;
+        removed.expect("ZREM");
+    }
+
     #[tokio::test]
     async fn a_waiter_ranks_by_where_its_client_stands_now_not_when_it_was_entered() {
         let server = Server::start().await;
@@ -317,7 +340,6 @@ mod tests {
             .get_multiplexed_async_connection()
             .await
             .expect("connects");
-        let slots = Keys::new("t").slots("n0", "m");
         // Replica 3's filler holds the one slot; replica 1's agent request waits, entered when
         // the agent stood at 1.0.
         assert_eq!(
@@ -327,37 +349,15 @@ mod tests {
         let agent = acquire(&mut conn, (1, 1), 1, 1.0, "key:agent").await;
         assert_eq!(agent, Reply::Full(vec![(3, 1)]));
         // The agent's service grows meanwhile: its next call elsewhere says it stands at 10.
-        let _: () = redis::cmd("HSET")
-            .arg(Keys::new("t").ranks())
-            .arg("key:agent")
-            .arg(10.0)
-            .query_async(&mut conn)
-            .await
-            .expect("HSET");
-        let _: () = redis::cmd("ZREM")
-            .arg(&slots)
-            .arg(member(3, 1))
-            .query_async(&mut conn)
-            .await
-            .expect("the filler's lease given back");
+        stands(&mut conn, "key:agent", 10.0).await;
+        give_back(&mut conn, member(3, 1)).await;
         // Replica 2: a person standing at 5 goes before the agent, who has had more since.
         let person = acquire(&mut conn, (2, 1), 1, 5.0, "key:person").await;
         assert_eq!(person, Reply::Granted);
 
         // And where the agent still stands before the person, the person waits.
-        let _: () = redis::cmd("ZREM")
-            .arg(&slots)
-            .arg(member(2, 1))
-            .query_async(&mut conn)
-            .await
-            .expect("the person's lease given back");
-        let _: () = redis::cmd("HSET")
-            .arg(Keys::new("t").ranks())
-            .arg("key:agent")
-            .arg(3.0)
-            .query_async(&mut conn)
-            .await
-            .expect("HSET");
+        give_back(&mut conn, member(2, 1)).await;
+        stands(&mut conn, "key:agent", 3.0).await;
         let person = acquire(&mut conn, (2, 2), 2, 5.0, "key:person").await;
         assert_eq!(person, Reply::Full(vec![]));
     }
