@@ -34,8 +34,10 @@ pub struct HostProbe {
     pub newer: u32,
 }
 
-pub struct Candidate {
-    pub node: Arc<Node>,
+/// A node as ranked for a request. Choosing ranks views of the nodes (`N` is a
+/// [`NodeView`](super::view::NodeView) there); the decision hands each out with its node.
+pub struct Candidate<N = Arc<Node>> {
+    pub node: N,
     pub scores: Scores,
     /// The model is resident there, or loading for a request corral already sent: sending
     /// the request starts no load.
@@ -45,6 +47,19 @@ pub struct Candidate {
     pub evicts_busy: bool,
     /// Failing health checks or cut off by its circuit breaker: only a last resort.
     pub standby: bool,
+}
+
+impl<N> Candidate<N> {
+    /// The same ranking, about another handle on the node.
+    pub fn with_node<M>(self, node: M) -> Candidate<M> {
+        Candidate {
+            node,
+            scores: self.scores,
+            resident: self.resident,
+            evicts_busy: self.evicts_busy,
+            standby: self.standby,
+        }
+    }
 }
 
 pub struct Decision {

@@ -189,22 +189,28 @@ impl Router {
                 NodeView::take(node, model, standby, &self.probes, &mut sizes, &at)
             })
             .collect();
+        let node_of = |id: u16| nodes.iter().find(|node| node.id == id);
         for v in &mut views {
             // Where the model's load would have to evict: how much the fleet uses what it
             // may evict ([`placement::victim_use`]).
             let (need, total) = (request.need, v.memory_total);
             let evicts = !v.resident && !placement::fits_free(need, total, v.footprint.used);
-            if evicts && need.is_some() && total.is_some() {
-                v.victim_use = Some(placement::victim_use(placement::idle_models_use(
-                    &nodes, &v.node,
-                )));
+            if let Some(node) =
+                node_of(v.id).filter(|_| evicts && need.is_some() && total.is_some())
+            {
+                let idle = placement::idle_models_use(&nodes, node);
+                v.victim_use = Some(placement::victim_use(idle));
             }
             if let Some(ahead) = ahead {
-                let on_node = ahead.iter().find(|(node, _)| *node == v.node.id);
+                let on_node = ahead.iter().find(|(node, _)| *node == v.id);
                 v.model.waiting = on_node.map_or(0, |(_, n)| *n);
             }
         }
-        let ranked = choose::rank(p, request, &views, &config.weights)?;
+        // Choosing reads the views alone; each ranked view then gets its node back.
+        let ranked = choose::rank(p, request, &views, &config.weights)?
+            .into_iter()
+            .filter_map(|c| node_of(c.node.id).cloned().map(|node| c.with_node(node)))
+            .collect();
         Ok(Decision {
             ranked,
             pin,

@@ -12,11 +12,12 @@ use super::slots::{SlotPolicy, displaces_warm};
 use crate::config::NodeConfig;
 use crate::fleet::{Books, Inventory, ModelState, Node, Slot};
 
-/// One node as a decision sees it, for one model.
+/// One node as a decision sees it, for one model: plain data, copied out of the node under
+/// its lock, so that choosing cannot read anything else.
 #[derive(Clone)]
 pub struct NodeView {
-    /// The node itself, carried into its candidate: choosing reads only the fields below.
-    pub node: Arc<Node>,
+    /// The node's id in the fleet.
+    pub id: u16,
     pub settings: Arc<NodeConfig>,
     /// Failing health checks or cut off by its breaker: a last resort only.
     pub standby: bool,
@@ -65,6 +66,10 @@ pub struct Moment {
 }
 
 impl NodeView {
+    pub fn name(&self) -> &str {
+        &self.settings.name
+    }
+
     /// Reads `node` for a request for `model`, or `None` when the node has been polled
     /// and has no such model. `sizes` gives the memory of models the node's last poll
     /// did not list.
@@ -99,7 +104,7 @@ impl NodeView {
             (view, footprint, resident, books.success.get(at.now))
         });
         Some(NodeView {
-            node: node.clone(),
+            id: node.id,
             standby,
             success_ratio,
             parallel,
