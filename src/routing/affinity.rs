@@ -57,16 +57,30 @@ impl AffinityTable {
         self.epoch.elapsed().as_secs().min(u64::from(u32::MAX)) as u32
     }
 
-    /// The entry for a prefix, unless it expired (then it is dropped).
-    pub fn get(&self, hash: u64) -> Option<Entry> {
+    /// The entry for a prefix, unless it expired. Reads only: deciding changes no state.
+    pub fn peek(&self, hash: u64) -> Option<Entry> {
+        let shard = self.shard(hash).lock();
+        let stamped = shard.peek(&hash)?;
+        (!self.expired(stamped)).then_some(stamped.entry)
+    }
+
+    /// Marks the prefix's entry used by a decision, so that it is evicted last; drops it
+    /// where it expired.
+    pub fn touch(&self, hash: u64) {
         let mut shard = self.shard(hash).lock();
-        let stamped = *shard.peek(&hash)?;
-        if u64::from(self.now().saturating_sub(stamped.used_at)) > self.ttl.as_secs() {
-            shard.pop(&hash);
-            return None;
+        match shard.peek(&hash) {
+            Some(stamped) if self.expired(stamped) => {
+                shard.pop(&hash);
+            }
+            Some(_) => {
+                shard.promote(&hash);
+            }
+            None => {}
         }
-        shard.promote(&hash);
-        Some(stamped.entry)
+    }
+
+    fn expired(&self, stamped: &Stamped) -> bool {
+        u64::from(self.now().saturating_sub(stamped.used_at)) > self.ttl.as_secs()
     }
 
     pub fn insert(&self, hash: u64, entry: Entry) {
@@ -105,9 +119,9 @@ mod tests {
     fn stores_and_forgets() {
         let t = AffinityTable::new(100, Duration::from_secs(60));
         t.insert(5, e(2));
-        assert_eq!(t.get(5), Some(e(2)));
+        assert_eq!(t.peek(5), Some(e(2)));
         t.remove(5);
-        assert_eq!(t.get(5), None);
+        assert_eq!(t.peek(5), None);
         assert!(t.is_empty());
     }
 
@@ -119,8 +133,23 @@ mod tests {
         }
         assert_eq!(t.len(), SHARDS * 4);
         // The most recent survive.
-        assert!(t.get(999).is_some());
-        assert!(t.get(0).is_none());
+        assert!(t.peek(999).is_some());
+        assert!(t.peek(0).is_none());
+        // A prefix a decision used is evicted last; one only read is not kept.
+        let oldest_in_shard = |k: u64| {
+            (0..1000u64)
+                .filter(|h| h % SHARDS as u64 == k % SHARDS as u64)
+                .find(|&h| t.peek(h).is_some())
+        };
+        let (used, read) = (oldest_in_shard(0).unwrap(), oldest_in_shard(1).unwrap());
+        t.touch(used);
+        assert!(t.peek(read).is_some());
+        // One more entry in each of the two shards evicts its least recently used.
+        let next = 100 * SHARDS as u64;
+        t.insert(used + next, e(0));
+        t.insert(read + next, e(0));
+        assert!(t.peek(used).is_some(), "touched: kept");
+        assert!(t.peek(read).is_none(), "only read: evicted");
     }
 
     #[test]
@@ -128,7 +157,9 @@ mod tests {
         let t = AffinityTable::new(10, Duration::ZERO);
         t.insert(1, e(0));
         std::thread::sleep(Duration::from_millis(1100));
-        assert_eq!(t.get(1), None);
+        assert_eq!(t.peek(1), None);
+        assert_eq!(t.len(), 1, "reading changes nothing");
+        t.touch(1);
         assert!(t.is_empty());
     }
 }

@@ -265,7 +265,7 @@ impl Router {
         for hash in dispatch.remembered.drain(..) {
             if self
                 .affinity
-                .get(hash)
+                .peek(hash)
                 .is_some_and(|e| e.lineage == dispatch.lineage)
             {
                 self.affinity.remove(hash);

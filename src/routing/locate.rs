@@ -1,6 +1,7 @@
 //! Where a request's conversation is warm: the deepest prefix of it that a node still holds,
 //! in a slot or in its host cache, found through the affinity table and checked against the
-//! node's slot and host-cache mirror. Entries that no longer hold are dropped on the way.
+//! node's slot and host-cache mirror. It reads only: entries found no longer to hold are
+//! returned, for the bookkeeping after the choice to forget.
 
 use std::time::Instant;
 
@@ -9,28 +10,37 @@ use super::{HostProbe, Pin, Router};
 use crate::fleet::warm::{HostEntry, HostPlace};
 use crate::request::Profile;
 
+/// Where a request's conversation is warm, as [`Router::locate`] found it.
+#[derive(Debug, Default)]
+pub(super) struct Located {
+    /// The deepest prefix a node still holds warm.
+    pub pin: Option<Pin>,
+    /// The prefix table's hash of that prefix.
+    pub pin_hash: Option<u64>,
+    /// Some deeper prefix was known and has gone cold.
+    pub went_cold: bool,
+    /// The deepest conversation found in a host cache, warm or not, whose reply will show
+    /// how deep that cache goes.
+    pub probe: Option<HostProbe>,
+    /// Prefixes whose entries no longer hold (slot given to another conversation and not
+    /// saved, model unloaded): to forget.
+    pub stale: Vec<u64>,
+}
+
 impl Router {
     /// The deepest prefix of the request that a node still holds warm, in a slot or in its
-    /// host cache. Entries that no longer hold (slot given to another conversation and not
-    /// saved, model unloaded, expired) are dropped on the way; the second value tells
-    /// whether any was seen. The third is the deepest conversation found in a host cache,
-    /// warm or not, whose reply will show how deep that cache goes.
-    /// `peer_capacity` is what other nodes' host caches were shown to keep of this model.
-    pub(super) fn find_pin(
-        &self,
-        p: &Profile,
-        peer_capacity: Option<u64>,
-    ) -> (Option<Pin>, bool, Option<HostProbe>) {
-        let mut went_cold = false;
-        let mut probe = None;
+    /// host cache. `peer_capacity` is what other nodes' host caches were shown to keep of
+    /// this model. Reads only.
+    pub(super) fn locate(&self, p: &Profile, peer_capacity: Option<u64>) -> Located {
+        let mut found = Located::default();
         let now = Instant::now();
         for depth in (1..=p.chain.depth()).rev() {
             let hash = p.chain.hashes[depth];
-            let Some(entry) = self.affinity.get(hash) else {
+            let Some(entry) = self.affinity.peek(hash) else {
                 continue;
             };
             let node = self.fleet.node(entry.node);
-            let found = node.and_then(|node| {
+            let place = node.and_then(|node| {
                 let slots = node.parallel();
                 node.books(|books| {
                     let host_allowed = books.kind.may_keep_host_cache();
@@ -55,11 +65,11 @@ impl Router {
                     })
                 })
             });
-            let (slot_depth, in_host, expected) = match found {
+            let (slot_depth, in_host, expected) = match place {
                 Some(Place::Slot(slot_depth, seen)) => (slot_depth, false, seen),
                 Some(Place::Host(place, allowed)) => {
-                    if probe.is_none() {
-                        probe = Some(HostProbe {
+                    if found.probe.is_none() {
+                        found.probe = Some(HostProbe {
                             node: entry.node,
                             needed: place.needed,
                             newer: u32::try_from(place.newer).unwrap_or(u32::MAX),
@@ -67,28 +77,29 @@ impl Router {
                     }
                     if !(place.warm && allowed) {
                         // Kept: a reply may yet show it warm, and teach a larger capacity.
-                        went_cold = true;
+                        found.went_cold = true;
                         continue;
                     }
                     (place.depth, true, place.expected)
                 }
                 None => {
-                    self.affinity.remove(hash);
-                    went_cold = true;
+                    found.stale.push(hash);
+                    found.went_cold = true;
                     continue;
                 }
             };
-            let pin = Pin {
+            found.pin = Some(Pin {
                 node: entry.node,
                 lineage: entry.lineage,
                 depth,
                 continues: slot_depth == depth,
                 in_host,
                 expected,
-            };
-            return (Some(pin), went_cold, probe);
+            });
+            found.pin_hash = Some(hash);
+            return found;
         }
-        (None, went_cold, probe)
+        found
     }
 }
 

@@ -155,12 +155,13 @@ impl Router {
             return Err(RouteError::NoHealthyNode);
         }
         let peer_capacity = self.peer_capacities.of(&p.model_key);
-        let (pin, went_cold, probe) = self.find_pin(p, peer_capacity);
+        let located = self.locate(p, peer_capacity);
+        let pin = located.pin;
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
         let warm_node = p
             .session
-            .and_then(|key| self.sessions.get(key))
+            .and_then(|key| self.sessions.peek(key))
             .map(|entry| entry.node)
             .or(pin.map(|pin| pin.node));
         let model = p.model_key.as_str();
@@ -211,12 +212,19 @@ impl Router {
             .into_iter()
             .filter_map(|c| node_of(c.node.id).cloned().map(|node| c.with_node(node)))
             .collect();
+        // The books after the choice: what was found stale is forgotten, what was used
+        // is kept longest.
+        for &hash in &located.stale {
+            self.affinity.remove(hash);
+        }
+        located.pin_hash.map(|hash| self.affinity.touch(hash));
+        p.session.map(|key| self.sessions.touch(key));
         Ok(Decision {
             ranked,
             pin,
-            follow_up: p.follow_up || went_cold,
+            follow_up: p.follow_up || located.went_cold,
             direct: false,
-            probe,
+            probe: located.probe,
         })
     }
 }

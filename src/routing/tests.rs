@@ -592,7 +592,7 @@ fn unload_seen_by_poller_drops_affinity() {
     let d = r.decide(&chat(&["a", "x", "y"])).unwrap();
     assert_eq!(d.pin, None);
     assert!(
-        r.affinity.get(chat(&["a"]).chain.last()).is_none(),
+        r.affinity.peek(chat(&["a"]).chain.last()).is_none(),
         "entry dropped"
     );
 }
