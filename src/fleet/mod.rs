@@ -8,6 +8,7 @@
 
 mod check;
 mod client;
+mod ewma;
 mod fair;
 mod health;
 pub mod kind;
@@ -23,9 +24,10 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use arc_swap::ArcSwap;
 
 pub use check::Checker;
+pub use ewma::Ewma;
 pub use fair::ClientId;
 pub use health::{Evidence, Rules, State};
-pub use node::{Books, Ewma, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
+pub use node::{Books, Inventory, ModelState, Node, Resident, Resolved, Slot, SuccessRatio};
 pub use poller::Poller;
 pub use reply::ReplyStats;
 pub use wake::{Listener, Requester, Wakeups};

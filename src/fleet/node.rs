@@ -12,9 +12,10 @@ use parking_lot::Mutex;
 use pingora_core::protocols::tls::CaType;
 use pingora_core::upstreams::peer::HttpPeer;
 
+use super::ewma::Ewma;
 use super::health::{Evidence, Health, Rules, State};
 use super::kind::KindState;
-use super::warm::WarmState;
+use super::warm::{HostEntry, WarmState};
 use crate::config::{NodeConfig, NodeTarget};
 
 /// What the poller last read from the node's `/api/tags` and `/api/ps`.
@@ -64,38 +65,6 @@ pub struct Resident {
     pub expires_at: Option<String>,
 }
 
-/// A moving average that starts at its first sample.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Ewma {
-    value: Option<f64>,
-}
-
-impl Ewma {
-    /// Weight of a new sample: about the last ten samples matter.
-    const ALPHA: f64 = 0.2;
-
-    pub fn record(&mut self, sample: f64) {
-        if !sample.is_finite() {
-            return;
-        }
-        self.value = Some(match self.value {
-            Some(v) => v + Self::ALPHA * (sample - v),
-            None => sample,
-        });
-    }
-
-    pub fn get(&self) -> Option<f64> {
-        self.value
-    }
-
-    /// Takes `value` (another replica's measure) where nothing was measured here yet.
-    pub fn seed(&mut self, value: Option<f64>) {
-        if self.value.is_none() {
-            self.value = value.filter(|v| v.is_finite());
-        }
-    }
-}
-
 /// One of a model's parallel slots on a node, as the router believes it is filled.
 #[derive(Clone, Debug, Default)]
 pub struct Slot {
@@ -108,6 +77,18 @@ pub struct Slot {
     pub busy: u32,
     /// Prompt tokens it holds, as corral estimates them.
     pub tokens: u64,
+}
+
+impl Slot {
+    /// What saving the slot's conversation at `now` puts in the node's host cache.
+    pub fn saved(&self, now: Instant) -> HostEntry {
+        HostEntry {
+            lineage: self.lineage,
+            depth: self.depth,
+            tokens: self.tokens,
+            last_used: self.last_used.unwrap_or(now),
+        }
+    }
 }
 
 /// The router's own view of one model on one node.

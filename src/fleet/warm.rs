@@ -16,9 +16,9 @@ use std::time::Instant;
 
 use hashbrown::HashMap;
 
+use super::ewma::Ewma;
 use super::kind::Counting;
 use super::reply::Reading;
-use super::{Ewma, Slot};
 
 /// How many prompt tokens a reply was served from cache, as measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,18 +206,6 @@ pub struct HostEntry {
     pub tokens: u64,
     /// When its last turn was served.
     pub last_used: Instant,
-}
-
-impl HostEntry {
-    /// What saving a slot's conversation at `now` puts in the cache.
-    pub fn of(slot: &Slot, now: Instant) -> HostEntry {
-        HostEntry {
-            lineage: slot.lineage,
-            depth: slot.depth,
-            tokens: slot.tokens,
-            last_used: slot.last_used.unwrap_or(now),
-        }
-    }
 }
 
 /// The node's host-memory prompt cache as corral believes it: saved conversations oldest

@@ -13,7 +13,7 @@ use super::slots::{SlotPolicy, choose_slot, first_freed_since};
 use super::{AffinityResult, Candidate, Decision, Entry, HostProbe, Router};
 use crate::fleet::kind::Counting;
 use crate::fleet::reply::{Reading, ReplyStats};
-use crate::fleet::warm::{HostEntry, Measured, Observed, measure};
+use crate::fleet::warm::{Measured, Observed, measure};
 use crate::fleet::{Evidence, ModelState, Node, Rules, Slot};
 use crate::request::Profile;
 
@@ -337,7 +337,7 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
     // the old runner's cache, learned empty, keeps nothing).
     let displaced = &state.slots[index];
     if displaced.lineage != 0 && displaced.lineage != held.lineage {
-        let saved = HostEntry::of(displaced, now);
+        let saved = displaced.saved(now);
         state.warm.host.save(saved);
     }
     let slot = &mut state.slots[index];
@@ -351,7 +351,7 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
     // `server-context.cpp`, after `launch_slot_with_task`). The copies take room there and
     // push older conversations out.
     for idle in state.slots.iter().filter(|s| s.busy == 0) {
-        state.warm.host.save(HostEntry::of(idle, now));
+        state.warm.host.save(idle.saved(now));
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::slots::{SlotPolicy, choose_slot, is_warm};
 use super::{HostProbe, Pin, Router};
-use crate::fleet::warm::{HostEntry, HostPlace};
+use crate::fleet::warm::HostPlace;
 use crate::request::Profile;
 
 /// Where a request's conversation is warm, as [`Router::locate`] found it.
@@ -57,7 +57,7 @@ impl Router {
                         let policy = SlotPolicy::LeastRecentlyUsed;
                         let taken = choose_slot(&state.slots, policy, now, self.ttl())
                             .and_then(|i| state.slots.get(i))
-                            .map(|s| HostEntry::of(s, now));
+                            .map(|s| s.saved(now));
                         let host = &state.warm.host;
                         let place =
                             host.place(entry.lineage, peer_capacity, slots, taken.as_ref())?;
