@@ -68,8 +68,8 @@ fn serve(r: &Arc<Router>, p: &Profile) -> Result<(), String> {
         .first()
         .map(|c| Arc::clone(&c.node))
         .ok_or("no candidate")?;
-    let mut dispatch = r.try_dispatch(&node, p).ok_or("the node is full")?;
-    r.commit(&mut dispatch, p, &decision);
+    let reserved = r.try_dispatch(&node, p).ok_or("the node is full")?;
+    let dispatch = reserved.commit(p, &decision, &r.placement());
     dispatch.finish(Outcome {
         ok: true,
         ..Default::default()

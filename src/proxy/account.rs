@@ -116,13 +116,14 @@ impl Account {
             self.usage(ctx.client.label(), reply.labels[1], usage);
         }
         ctx.usage = usage;
-        dispatch.finish(Outcome {
+        let outcome = Outcome {
             ok,
             ttfb: ctx.ttfb,
             prefill_tps: dispatch.prefill_tps(),
             decode_tps: stats.as_ref().and_then(|s| dispatch.decode_tps(s)),
             load_s: stats.as_ref().and_then(ReplyStats::load_seconds),
-        });
+        };
+        dispatch.finish(outcome);
     }
 
     /// Counts what the reply's final statistics verify: loads, prompt tokens evaluated or

@@ -307,15 +307,17 @@ async fn send_chunk(
     let listener = plan
         .router
         .listen(&plan.profile.model_key, plan.requester.clone());
-    let mut dispatch = loop {
+    let dispatch = loop {
         // Listen before looking, so that a slot freed meanwhile is not missed.
         let news = listener.news(&plan.router.fleet.wakeups);
         let handoff = listener.take_handoff();
         if !listener.leaves_to_others(node)
-            && let Some(dispatch) = plan.router.try_dispatch(node, plan.profile)
+            && let Some(reserved) = plan.router.try_dispatch(node, plan.profile)
         {
             listener.sent(node.id, handoff);
-            break dispatch;
+            // An embedding holds no conversation: committing it records nothing.
+            let chosen = Decision::direct(node.clone());
+            break reserved.commit(plan.profile, &chosen, &plan.router.placement());
         }
         listener.waits(node.id, false, handoff);
         if tokio::time::timeout_at(deadline, news).await.is_err() {

@@ -19,7 +19,8 @@ use crate::fleet::{Evidence, Listener, Node, Rules};
 use crate::metrics::{Metrics, model_label};
 use crate::request::Profile;
 use crate::routing::{
-    Candidate, Decision, Dispatch, Lease, Outcome, RouteError, Router, WaitTicket, yields_to_warm,
+    Candidate, Decision, Dispatch, Lease, Outcome, Reserved, RouteError, Router, WaitTicket,
+    yields_to_warm,
 };
 
 /// A request waiting for a node weighs its choice again at least this often, news or not:
@@ -85,10 +86,9 @@ impl Forwarder {
         &self,
         router: &Router,
         config: &Config,
-        mut dispatch: Dispatch,
+        dispatch: Dispatch,
         error: AttemptError,
     ) -> AttemptError {
-        router.abandon(&mut dispatch);
         let node = dispatch.node.clone();
         log::warn!("{}: {}", node.name(), error.error);
         // Refused, or closed before a reply on a fresh connection: the node is down or
@@ -98,7 +98,7 @@ impl Forwarder {
                 .fleet
                 .learn(&node, Evidence::Refused, &Rules::of(config));
         }
-        dispatch.finish(Outcome::default());
+        dispatch.fail();
         self.account.attempt_failed(node.name(), error.kind());
         error
     }
@@ -136,41 +136,67 @@ impl Forwarder {
         loop {
             // Listen before looking, so that news meanwhile is not missed.
             let news = listener.news(&router.fleet.wakeups);
-            let tried: Vec<u16> = failures.iter().map(|f| f.node).collect();
-            let exhausted = failures.len() > config.limits.max_retries;
-            // Decide and count the request on its node (reserving any load it starts) as
-            // one step, so that requests arriving together see each other's loads.
-            let placing = router.placement();
-            // The request's own wait must not weigh on its new ranking. Given up only now,
-            // under the lock every decision takes: until this request has decided, a
-            // request cold on its node still sees it waiting warm there.
-            drop(waiting.take());
-            // A slot handed to this request: it goes on to the next waiter unless this
-            // request takes it.
-            let handoff = listener.take_handoff();
-            let ahead = listener.waiting_ahead();
-            let decided = router.decide_waiting(profile, config, Some(&ahead));
-            let picked = decided.as_ref().map(|decision| {
-                let choice = if exhausted {
-                    Pick::Exhausted
-                } else {
-                    let waited = waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
-                    pick(router, decision, &tried, profile, waited, &listener, config)
-                };
-                (decision, choice)
-            });
-            drop(placing);
-            let (decision, picked) = match picked {
-                Ok(picked) => picked,
-                Err(_) if !failures.is_empty() => return fail(session, ctx, &failures).await,
-                Err(e) => return refuse(session, ctx, e.clone(), config).await,
+            // Decide, count the request on its node (reserving any load it starts) and
+            // commit it to the node's slots as one step, under the placement lock, so that
+            // requests arriving together see each other's loads and conversations.
+            let (handoff, decided);
+            let step = {
+                let placing = router.placement();
+                // The request's own wait must not weigh on its new ranking. Given up only
+                // now, under the lock every decision takes: until this request has decided,
+                // a request cold on its node still sees it waiting warm there.
+                drop(waiting.take());
+                // A slot handed to this request: it goes on to the next waiter unless this
+                // request takes it.
+                handoff = listener.take_handoff();
+                let ahead = listener.waiting_ahead();
+                decided = router.decide_waiting(profile, config, Some(&ahead));
+                let waited = waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
+                match next(&decided, &failures, config.limits.max_retries) {
+                    Next::Try(decision, candidate) => {
+                        let reserved = reserve(
+                            router, decision, candidate, profile, waited, &listener, config,
+                        );
+                        Ok((
+                            decision,
+                            match reserved {
+                                // Sent at once where no store is to be asked: committed now.
+                                Some(reserved) if !router.leases(profile) => {
+                                    let dispatch = reserved.commit(profile, decision, &placing);
+                                    Placed::Sent(candidate, dispatch)
+                                }
+                                Some(reserved) => Placed::Leasing(candidate, reserved),
+                                None => Placed::Waits(Some(candidate), Awaited::Slot),
+                            },
+                        ))
+                    }
+                    // Nothing listens anywhere: the fleet is restarting, or starting with
+                    // corral. Wait for a node to come back rather than refuse, counted as
+                    // waiting (for the best-ranked node) like any other wait.
+                    Next::Revive(decision) => {
+                        let best = decision.ranked.first();
+                        Ok((decision, Placed::Waits(best, Awaited::NodeBack)))
+                    }
+                    Next::Fail => Err(None),
+                    Next::Refuse(e) => Err(Some(e)),
+                }
             };
-            let picked = match picked {
-                Pick::Send(candidate, mut dispatch) => {
+            let (decision, placed) = match step {
+                Ok(placed) => placed,
+                Err(None) => return fail(session, ctx, &failures).await,
+                Err(Some(e)) => return refuse(session, ctx, e.clone(), config).await,
+            };
+            let sent = match placed {
+                Placed::Sent(candidate, dispatch) => Ok((candidate, dispatch)),
+                Placed::Waits(best, awaited) => Err((best, awaited)),
+                Placed::Leasing(candidate, mut reserved) => {
                     let requester = &ctx.client.requester;
                     let id = listener.id();
-                    match router.share(&mut dispatch, profile, requester, id).await {
-                        Lease::Taken => Pick::Send(candidate, dispatch),
+                    match router.share(&mut reserved, profile, requester, id).await {
+                        Lease::Taken => {
+                            let dispatch = reserved.commit(profile, decision, &router.placement());
+                            Ok((candidate, dispatch))
+                        }
                         // The store showed requests there that the decision did not count
                         // (other replicas' not heard of yet), counted now: decide again at
                         // once rather than wait for this node while another may have a slot
@@ -179,13 +205,14 @@ impl Forwarder {
                             relooks += 1;
                             continue;
                         }
-                        Lease::Full { .. } => Pick::HeldElsewhere(candidate),
+                        // Other replicas took its last slot first: wait as for a busy node,
+                        // now counting their requests.
+                        Lease::Full { .. } => Err((Some(candidate), Awaited::SharedSlot)),
                     }
                 }
-                picked => picked,
             };
-            let (best, awaited) = match picked {
-                Pick::Send(candidate, dispatch) => {
+            let (best, awaited) = match sent {
+                Ok((candidate, dispatch)) => {
                     listener.sent(candidate.node.id, handoff);
                     let attempt = Attempt {
                         router,
@@ -211,15 +238,7 @@ impl Forwarder {
                         }
                     }
                 }
-                // Nothing listens anywhere: the fleet is restarting, or starting with corral.
-                // Wait for a node to come back rather than refuse, counted as waiting (for the
-                // best-ranked node) like any other wait.
-                Pick::Exhausted if failures.iter().all(|f| f.error.unreachable()) => {
-                    (decision.ranked.first(), Awaited::NodeBack)
-                }
-                Pick::Exhausted => return fail(session, ctx, &failures).await,
-                Pick::Wait(best) => (Some(best), Awaited::Slot),
-                Pick::HeldElsewhere(best) => (Some(best), Awaited::SharedSlot),
+                Err(wait) => wait,
             };
             if let (Some(h), Some(best)) = (&handoff, best) {
                 log::debug!(
@@ -294,7 +313,7 @@ impl Forwarder {
         let profile = Profile::management();
         let decision = Decision::direct(node);
         let candidate = &decision.ranked[0];
-        let Some(dispatch) = router.try_dispatch(&candidate.node, &profile) else {
+        let Some(reserved) = router.try_dispatch(&candidate.node, &profile) else {
             return busy(
                 session,
                 ctx,
@@ -303,6 +322,7 @@ impl Forwarder {
             )
             .await;
         };
+        let dispatch = reserved.commit(&profile, &decision, &router.placement());
         let attempt = Attempt {
             router,
             config,
@@ -333,7 +353,7 @@ impl Forwarder {
         ctx: &mut RequestCtx,
         body: &Bytes,
         attempt: Attempt<'_>,
-        mut dispatch: Dispatch,
+        dispatch: Dispatch,
     ) -> std::result::Result<Result<()>, AttemptError> {
         let timeouts = &attempt.config.timeouts;
         let node = &attempt.candidate.node;
@@ -354,9 +374,6 @@ impl Forwarder {
             Err(e) => return Ok(Err(e)),
         };
         let started = Instant::now();
-        attempt
-            .router
-            .commit(&mut dispatch, attempt.profile, attempt.decision);
         let header = self
             .upstream
             .exchange(session, &peer, request, rewrite, body, timeouts.first_byte)
@@ -489,21 +506,52 @@ impl Forwarder {
     }
 }
 
-/// What to do with a request after ranking.
+/// What the forward loop does next, from the last decision and the attempts so far.
+enum Next<'d> {
+    /// Try the best candidate not tried yet (live nodes before standby ones): send the
+    /// request there if it has a slot, else wait for it.
+    Try(&'d Decision, &'d Candidate),
+    /// Every node tried refused the connection (none has seen the request): wait for one
+    /// to come back.
+    Revive(&'d Decision),
+    /// Every node tried failed otherwise, or the retries ran out: 502 or 504.
+    Fail,
+    /// No node can serve the request: the router's reason, with its status.
+    Refuse(&'d RouteError),
+}
+
+/// The forward loop's next step: pure, so that each case is tested on its own.
+fn next<'d>(
+    decided: &'d Result<Decision, RouteError>,
+    failures: &[Failure],
+    max_retries: usize,
+) -> Next<'d> {
+    let decision = match decided {
+        Ok(decision) => decision,
+        Err(_) if !failures.is_empty() => return Next::Fail,
+        Err(e) => return Next::Refuse(e),
+    };
+    let untried = (failures.len() <= max_retries)
+        .then(|| decision.best_untried(|id| failures.iter().any(|f| f.node == id)))
+        .flatten();
+    match untried {
+        Some(candidate) => Next::Try(decision, candidate),
+        None if failures.iter().all(|f| f.error.unreachable()) => Next::Revive(decision),
+        None => Next::Fail,
+    }
+}
+
+/// How far placing a request got.
 // Made and matched once per decision, on the stack: boxing the dispatch would cost an
 // allocation per request to save a copy of a few hundred bytes.
 #[allow(clippy::large_enum_variant)]
-enum Pick<'d> {
-    /// Send it to this candidate, counted against it.
-    Send(&'d Candidate, Dispatch),
-    /// The best candidate runs as many requests as it has slots: wait for it, or for the
-    /// ranking to change.
-    Wait(&'d Candidate),
-    /// Every candidate has been tried.
-    Exhausted,
-    /// Other replicas took the best candidate's last slot first (`shared_state:`): wait as
-    /// for a busy node, now counting their requests.
-    HeldElsewhere(&'d Candidate),
+enum Placed<'d> {
+    /// Counted on the candidate and committed to its slots: to be sent.
+    Sent(&'d Candidate, Dispatch),
+    /// Counted on the candidate; the store the replicas share is asked for a lease first.
+    Leasing(&'d Candidate, Reserved),
+    /// To wait: for the candidate, or for any node where none is given.
+    Waits(Option<&'d Candidate>, Awaited),
 }
 
 /// What a waiting request waits for.
@@ -527,30 +575,19 @@ impl Awaited {
     }
 }
 
-/// Follows the ranking: the best candidate not tried yet. Standby nodes (failing checks,
-/// breaker open) are a last resort, taken only when no live node is left untried.
-fn pick<'d>(
+/// Counts the request on `best` if it has a slot the request may take, or where a probe
+/// may learn whether it runs more requests at once; `None`: wait for it.
+fn reserve(
     router: &Arc<Router>,
-    decision: &'d Decision,
-    tried: &[u16],
+    decision: &Decision,
+    best: &Candidate,
     profile: &Profile,
     waited: Duration,
     listener: &Listener,
     config: &Config,
-) -> Pick<'d> {
-    let mut untried = decision
-        .ranked
-        .iter()
-        .filter(|c| !tried.contains(&c.node.id));
-    let best = match untried.clone().find(|c| !c.standby) {
-        Some(live) => live,
-        None => match untried.next() {
-            Some(standby) => standby,
-            None => return Pick::Exhausted,
-        },
-    };
+) -> Option<Reserved> {
     if listener.leaves_to_others(&best.node) {
-        return Pick::Wait(best);
+        return None;
     }
     let warm = decision.warm_on(best.node.id);
     // Within the fair order between clients: a cold request leaves a slot to a warm one of a
@@ -558,13 +595,9 @@ fn pick<'d>(
     let yields = yields_to_warm(warm, waited, config.queue.max_wait)
         && listener.warm_waiter_first(best.node.id);
     // Rather than wait for the best node, probe whether it runs more requests at once.
-    match router
+    router
         .try_send(best, profile, yields)
         .or_else(|| router.try_probe(best, profile, yields))
-    {
-        Some(dispatch) => Pick::Send(best, dispatch),
-        None => Pick::Wait(best),
-    }
 }
 
 /// A node that failed before replying, and how.
@@ -705,6 +738,103 @@ mod tests {
             name: name.to_string(),
             error: error(etype, timed_out),
         }
+    }
+
+    fn decision(nodes: &[(&str, bool)]) -> Decision {
+        let ranked = (nodes.iter().enumerate())
+            .map(|(id, &(name, standby))| {
+                let config = crate::config::NodeConfig::new(name, "http://127.0.0.1:9");
+                Candidate {
+                    node: Arc::new(Node::new(id as u16, config).unwrap()),
+                    scores: Default::default(),
+                    resident: true,
+                    evicts_busy: false,
+                    standby,
+                }
+            })
+            .collect();
+        Decision {
+            ranked,
+            pin: None,
+            follow_up: false,
+            direct: false,
+            probe: None,
+        }
+    }
+
+    fn failed(node: u16, etype: ErrorType) -> Failure {
+        let timed_out = matches!(etype, ErrorType::ReadTimedout);
+        Failure {
+            node,
+            ..failure("", etype, timed_out)
+        }
+    }
+
+    /// The next step, as the name of the node to try or of what to do.
+    fn step(decided: &Result<Decision, RouteError>, failures: &[Failure], max: usize) -> String {
+        match next(decided, failures, max) {
+            Next::Try(_, c) => c.node.name().to_string(),
+            Next::Revive(_) => "revive".into(),
+            Next::Fail => "fail".into(),
+            Next::Refuse(e) => format!("refuse {}", e.status()),
+        }
+    }
+
+    #[test]
+    fn without_a_candidate_it_refuses_unless_a_node_was_tried() {
+        let none = Err(RouteError::ModelNotFound("m".into()));
+        assert_eq!(step(&none, &[], 2), "refuse 404");
+        let tried = [failed(0, ErrorType::ConnectionClosed)];
+        assert_eq!(step(&none, &tried, 2), "fail");
+    }
+
+    #[test]
+    fn it_tries_the_best_untried_node_live_ones_before_standby() {
+        let d = Ok(decision(&[("sick", true), ("a", false), ("b", false)]));
+        assert_eq!(step(&d, &[], 2), "a");
+        let a_failed = [failed(1, ErrorType::ConnectionClosed)];
+        assert_eq!(step(&d, &a_failed, 2), "b");
+        let both = [
+            failed(1, ErrorType::ConnectionClosed),
+            failed(2, ErrorType::ConnectRefused),
+        ];
+        assert_eq!(
+            step(&d, &both, 2),
+            "sick",
+            "standby only when no live node is left"
+        );
+    }
+
+    #[test]
+    fn when_every_node_refused_the_connection_it_waits_for_one_to_come_back() {
+        let d = Ok(decision(&[("a", false), ("b", false)]));
+        let refused = [
+            failed(0, ErrorType::ConnectRefused),
+            failed(1, ErrorType::ConnectRefused),
+        ];
+        assert_eq!(step(&d, &refused, 2), "revive");
+        // One of them saw the request: trying again could run it twice.
+        let one_saw_it = [
+            failed(0, ErrorType::ConnectRefused),
+            failed(1, ErrorType::ReadTimedout),
+        ];
+        assert_eq!(step(&d, &one_saw_it, 2), "fail");
+    }
+
+    #[test]
+    fn past_its_retries_it_stops_trying_though_nodes_are_left() {
+        let d = Ok(decision(&[("a", false), ("b", false), ("c", false)]));
+        let two = [
+            failed(0, ErrorType::ConnectionClosed),
+            failed(1, ErrorType::ConnectionClosed),
+        ];
+        assert_eq!(step(&d, &two, 2), "c");
+        assert_eq!(step(&d, &two, 1), "fail");
+        let refused = [
+            failed(0, ErrorType::ConnectRefused),
+            failed(1, ErrorType::ConnectRefused),
+        ];
+        assert_eq!(step(&d, &refused, 1), "revive");
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! Keeping the books while a request runs: its count on the node (`Dispatch`, given back on
-//! every path when dropped), its wait in corral's queue (`WaitTicket`), the load it reserves,
-//! the slot mirror and affinity entries it updates once sent, and what its reply showed of
-//! the node's cache. Choosing the node is [`super::Router::decide_with`]'s job.
+//! Keeping the books while a request runs. Its life is a value that each step consumes:
+//! counted on its node ([`Reserved`]: its place among the node's requests, any load it
+//! starts reserved), sent ([`Dispatch`]: committed under the placement lock to the slot
+//! mirror and the affinity table), then finished or failed, which consumes it. Dropped
+//! on any other path (the client left), it gives its count back. Also here: its wait in
+//! corral's queue (`WaitTicket`) and what its reply showed of the node's cache. Choosing
+//! the node is [`super::Router::decide_with`]'s job.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,9 +50,10 @@ impl Router {
 
     /// Counts the request against the node while it runs, if the node runs fewer than
     /// `num_parallel` requests for the model (else the request should wait, or go
-    /// elsewhere). The returned guard gives the count back when dropped, on every path.
-    pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Dispatch> {
-        self.dispatch(node, p, false, false, false)
+    /// elsewhere). The count is given back when what is returned, or what it becomes, is
+    /// dropped, on every path.
+    pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Reserved> {
+        self.dispatch(node, p, false, false, false).map(Reserved)
     }
 
     /// [`Router::try_dispatch`] to a ranked candidate. Where the model is not resident, the
@@ -63,8 +67,9 @@ impl Router {
         candidate: &Candidate,
         p: &Profile,
         yields: bool,
-    ) -> Option<Dispatch> {
+    ) -> Option<Reserved> {
         self.dispatch(&candidate.node, p, !candidate.resident, false, yields)
+            .map(Reserved)
     }
 
     /// [`Router::try_send`] past the number the node is believed to run at once (up to
@@ -77,13 +82,14 @@ impl Router {
         candidate: &Candidate,
         p: &Profile,
         yields: bool,
-    ) -> Option<Dispatch> {
+    ) -> Option<Reserved> {
         let node = &candidate.node;
         if node.parallel_told(&node.settings()) || !self.probes.may_probe(node.id, node.parallel())
         {
             return None;
         }
         self.dispatch(node, p, !candidate.resident, true, yields)
+            .map(Reserved)
     }
 
     fn dispatch(
@@ -136,10 +142,10 @@ impl Router {
         })
     }
 
-    /// Records that the request reached the node: it now occupies one of the model's slots
-    /// there, as Ollama assigns them (its own slot if it continues a conversation, else a
-    /// free one, else the least recently used), and its prefix is remembered as warm there.
-    pub fn commit(&self, dispatch: &mut Dispatch, p: &Profile, decision: &Decision) {
+    /// Records that the request is sent to the node: it now occupies one of the model's
+    /// slots there, as Ollama assigns them (its own slot if it continues a conversation, else
+    /// a free one, else the least recently used), and its prefix is remembered as warm there.
+    fn commit(&self, dispatch: &mut Dispatch, p: &Profile, decision: &Decision) {
         if !p.endpoint.generates() || dispatch.slot.is_some() {
             return;
         }
@@ -258,7 +264,7 @@ impl Router {
     /// Takes back what [`Router::commit`] recorded for a request that failed before any
     /// reply: the node's slot is not known to hold anything now, and the prefix is not warm
     /// there.
-    pub fn abandon(&self, dispatch: &mut Dispatch) {
+    fn abandon(&self, dispatch: &mut Dispatch) {
         if let Some(run) = dispatch.run.as_mut() {
             run.abandoned();
         }
@@ -283,6 +289,49 @@ impl Router {
                 slot.depth = 0;
             }
         });
+    }
+}
+
+/// Held while a request is placed ([`Router::placement`]): a decision, the request's count
+/// on its node and its commit to the node's slots happen under it, so that requests
+/// arriving together see each other's loads and conversations.
+pub struct Placing<'r> {
+    _held: parking_lot::MutexGuard<'r, ()>,
+}
+
+impl<'r> Placing<'r> {
+    pub(super) fn hold(lock: &'r parking_lot::Mutex<()>) -> Placing<'r> {
+        Placing { _held: lock.lock() }
+    }
+}
+
+/// A request counted on its node (any load it starts reserved there) but not sent yet:
+/// the shared store may still turn it away (dropped, it gives its count back). Sending
+/// it commits it ([`Reserved::commit`]).
+pub struct Reserved(Dispatch);
+
+impl Reserved {
+    pub fn node(&self) -> &Arc<Node> {
+        &self.0.node
+    }
+
+    /// The most requests for the model the node is to run with this one.
+    pub(super) fn limit(&self) -> usize {
+        self.0.limit
+    }
+
+    pub(super) fn set_run(&mut self, run: crate::shared::Run) {
+        self.0.run = Some(run);
+    }
+
+    /// Sends the request: records it in the node's slot mirror and the affinity table
+    /// ([`Router::commit`]). Under the placement lock, so that no decision sees the request
+    /// counted on the node but not yet in its slots.
+    pub fn commit(self, p: &Profile, decision: &Decision, _placing: &Placing<'_>) -> Dispatch {
+        let mut dispatch = self.0;
+        let router = dispatch.router.clone();
+        router.commit(&mut dispatch, p, decision);
+        dispatch
     }
 }
 
@@ -654,7 +703,17 @@ impl Dispatch {
         self.prefill_tps
     }
 
-    pub fn finish(&mut self, outcome: Outcome) {
+    /// The request failed before any reply: what sending it recorded is taken back
+    /// ([`Router::abandon`]), and the node's failure counted.
+    pub fn fail(mut self) {
+        let router = self.router.clone();
+        router.abandon(&mut self);
+        self.finish(Outcome::default());
+    }
+
+    /// The request ended: what its reply showed of the node goes to its books, and its
+    /// count is given back.
+    pub fn finish(self, outcome: Outcome) {
         let rules = Rules::of(&self.router.config.load());
         let evidence = if outcome.ok {
             Evidence::Served

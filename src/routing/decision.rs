@@ -158,6 +158,16 @@ impl Decision {
         }
     }
 
+    /// The best candidate for which `tried` is false: live nodes first, standby ones (failing
+    /// checks, breaker open) only when no live node is left.
+    pub fn best_untried(&self, tried: impl Fn(u16) -> bool) -> Option<&Candidate> {
+        let mut untried = self.ranked.iter().filter(|c| !tried(c.node.id));
+        untried
+            .clone()
+            .find(|c| !c.standby)
+            .or_else(|| untried.next())
+    }
+
     /// The request's prefix is expected warm on the node with this id.
     pub fn warm_on(&self, node: u16) -> bool {
         self.affinity_for(node).is_warm()

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 
 pub use affinity::{AffinityTable, Entry};
-pub use book::{Dispatch, Observation, Outcome, WaitTicket};
+pub use book::{Dispatch, Observation, Outcome, Placing, Reserved, WaitTicket};
 pub use decision::{AffinityResult, Candidate, Decision, HostProbe, Pin, RouteError};
 pub use replicas::Lease;
 pub use score::Scores;
@@ -94,10 +94,11 @@ impl Router {
     }
 
     /// Hold this from [`Router::decide`] until the chosen node is counted
-    /// ([`Router::try_send`]): a load started by one decision is then seen by the next.
-    /// Both are quick and never wait on the network.
-    pub fn placement(&self) -> parking_lot::MutexGuard<'_, ()> {
-        self.placement.lock()
+    /// ([`Router::try_send`]) and the request committed to its slots ([`Reserved::commit`]):
+    /// a load or conversation placed by one decision is then seen by the next. Each step is
+    /// quick and never waits on the network.
+    pub fn placement(&self) -> Placing<'_> {
+        Placing::hold(&self.placement)
     }
 
     pub fn config(&self) -> Arc<Config> {
@@ -217,8 +218,12 @@ impl Router {
         for &hash in &located.stale {
             self.affinity.remove(hash);
         }
-        located.pin_hash.map(|hash| self.affinity.touch(hash));
-        p.session.map(|key| self.sessions.touch(key));
+        if let Some(hash) = located.pin_hash {
+            self.affinity.touch(hash);
+        }
+        if let Some(key) = p.session {
+            self.sessions.touch(key);
+        }
         Ok(Decision {
             ranked,
             pin,

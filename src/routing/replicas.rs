@@ -12,7 +12,7 @@ use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::book::{Held, forget_if_unused, occupy};
-use super::{Dispatch, Entry, Router};
+use super::{Entry, Reserved, Router};
 use crate::fleet::kind::Counting;
 use crate::fleet::{ClientId, Node, Requester};
 use crate::request::Profile;
@@ -49,11 +49,17 @@ struct RemoteRun {
 }
 
 impl Router {
+    /// Whether a request must take a lease in the shared store before it is sent: where
+    /// replicas share one, for a generation.
+    pub fn leases(&self, p: &Profile) -> bool {
+        self.shared.is_some() && p.endpoint.generates()
+    }
+
     /// Takes the request's lease on its node's slots in the shared store, where replicas
     /// share one.
     pub async fn share(
         self: &Arc<Self>,
-        dispatch: &mut Dispatch,
+        reserved: &mut Reserved,
         p: &Profile,
         requester: &Requester,
         request: u64,
@@ -64,11 +70,11 @@ impl Router {
         if !p.endpoint.generates() {
             return Lease::Taken;
         }
-        let node = dispatch.node.clone();
+        let node = reserved.node().clone();
         let slots = Slots {
             node: node.name(),
             model: &p.model_key,
-            limit: dispatch.limit,
+            limit: reserved.limit(),
         };
         // The requests this decision counted on the node besides this one: requests of
         // other replicas heard of while the store answers were not.
@@ -85,7 +91,7 @@ impl Router {
         }
         match acquired {
             Acquired::Granted | Acquired::Alone => {
-                dispatch.run = Some(run);
+                reserved.set_run(run);
                 Lease::Taken
             }
             Acquired::Full(holders) => {

@@ -68,11 +68,18 @@ fn chat(turns: &[&str]) -> Profile {
     Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
 }
 
+/// Sends a counted request as the proxy does: committed under the placement lock, with the
+/// decision corral makes for it now.
+fn sent(r: &Arc<Router>, reserved: Reserved, p: &Profile) -> Dispatch {
+    let decision = r.decide(p).unwrap();
+    reserved.commit(p, &decision, &r.placement())
+}
+
 /// Sends a request to `node` as the proxy would, and finishes it.
 fn serve(r: &Arc<Router>, p: &Profile, node: usize) {
     let decision = r.decide(p).unwrap();
-    let mut d = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
-    r.commit(&mut d, p, &decision);
+    let reserved = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
+    let d = reserved.commit(p, &decision, &r.placement());
     d.finish(Outcome {
         ok: true,
         ..Default::default()
@@ -213,9 +220,10 @@ fn a_model_that_nothing_used_leaves_no_state_behind() {
         ..invented
     };
     drop(r.wait_ticket(&node, &invented.model_key, false, 8));
-    let mut failed = r.try_dispatch(&node, &invented).unwrap();
-    failed.finish(Outcome::default());
-    drop(failed);
+    // Sent where the client named the node (no node lists the model), and failed.
+    let failed = r.try_dispatch(&node, &invented).unwrap();
+    let direct = Decision::direct(node.clone());
+    failed.commit(&invented, &direct, &r.placement()).fail();
     assert!(!node.lock_books().models.contains_key("invented:1b"));
     // What a served model taught is kept.
     serve(&r, &chat(&["a"]), 0);
@@ -240,8 +248,10 @@ fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
 /// object), and returns what corral made of it.
 fn serve_replying(r: &Arc<Router>, p: &Profile, node: usize, reply: &str) -> Observation {
     let decision = r.decide(p).unwrap();
-    let mut d = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
-    r.commit(&mut d, p, &decision);
+    let mut d =
+        r.try_dispatch(&r.fleet.nodes()[node], p)
+            .unwrap()
+            .commit(p, &decision, &r.placement());
     let stats = ReplyStats::parse(reply.as_bytes()).unwrap();
     let observation = d.observe(&stats).unwrap();
     d.finish(Outcome {
@@ -293,16 +303,19 @@ fn a_node_that_reports_no_durations_is_timed_by_its_first_streamed_token() {
         });
         let p = Profile::parse(Endpoint::OpenAiChat, body.to_string().as_bytes()).unwrap();
         let decision = r.decide(&p).unwrap();
-        let mut d = r.try_dispatch(&r.fleet.nodes()[0], &p).unwrap();
-        r.commit(&mut d, &p, &decision);
+        let mut d =
+            r.try_dispatch(&r.fleet.nodes()[0], &p)
+                .unwrap()
+                .commit(&p, &decision, &r.placement());
         std::thread::sleep(step);
         d.first_byte();
         std::thread::sleep(step);
         let o = d.observe(&stats).unwrap();
         assert_eq!(o.observed, Observed::Cold);
+        let decode_tps = d.decode_tps(&stats);
         d.finish(Outcome {
             ok: true,
-            decode_tps: d.decode_tps(&stats),
+            decode_tps,
             ..Default::default()
         });
         r
@@ -805,9 +818,10 @@ fn ask(model: &str, text: &str) -> Profile {
 
 /// Decides and sends as the forwarder does, under the placement lock.
 fn place(r: &Arc<Router>, p: &Profile) -> Dispatch {
-    let _placing = r.placement();
+    let placing = r.placement();
     let d = r.decide(p).unwrap();
-    r.try_send(&d.ranked[0], p, false).unwrap()
+    let reserved = r.try_send(&d.ranked[0], p, false).unwrap();
+    reserved.commit(p, &d, &placing)
 }
 
 #[test]
@@ -845,13 +859,12 @@ fn requests_arriving_together_see_each_others_loads() {
     }
     // The reservation ends with its request; the model then counts as resident
     // because the reply came from it.
-    let (model, mut first) = sent.remove(0);
+    let (model, first) = sent.remove(0);
+    let node = first.node.clone();
     first.finish(Outcome {
         ok: true,
         ..Default::default()
     });
-    let node = first.node.clone();
-    drop(first);
     let d = r.decide(&ask(&model, "later")).unwrap();
     let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
     assert!(c.resident && c.scores.model_loaded == 50.0);
@@ -887,7 +900,8 @@ fn what_a_poll_lists_stays_resident_and_later_replies_count_only_up_to_memory() 
     let other = r.fleet.nodes()[1].clone();
     for m in ["x:1", "y:1", "z:1"] {
         std::thread::sleep(Duration::from_millis(2));
-        let mut d = r.try_dispatch(&other, &ask(m, "q")).unwrap();
+        let p = ask(m, "q");
+        let d = sent(&r, r.try_dispatch(&other, &p).unwrap(), &p);
         d.finish(Outcome {
             ok: true,
             ..Default::default()
@@ -960,7 +974,7 @@ fn slower_node_is_penalized_by_what_it_showed() {
     let r = router(2, 4);
     let p = chat(&["x"]);
     for (node, decode) in [(0, 100.0), (1, 25.0)] {
-        let mut d = r.try_dispatch(&r.fleet.nodes()[node], &p).unwrap();
+        let d = sent(&r, r.try_dispatch(&r.fleet.nodes()[node], &p).unwrap(), &p);
         d.finish(Outcome {
             ok: true,
             decode_tps: Some(decode),
@@ -1000,7 +1014,11 @@ fn probes_go_one_past_what_a_node_not_told_its_slots_was_shown_to_run() {
     let decision = r.decide(&p).unwrap();
     let candidate = &decision.ranked[0];
     let counted = |r: &Arc<Router>| r.decide(&p).unwrap().ranked[0].scores.queue_depth;
-    let mut first = r.try_send(candidate, &p, false).expect("a slot free");
+    let mut first = sent(
+        &r,
+        r.try_send(candidate, &p, false).expect("a slot free"),
+        &p,
+    );
     first.first_byte();
     assert!(
         r.try_send(candidate, &p, false).is_none(),
@@ -1008,13 +1026,13 @@ fn probes_go_one_past_what_a_node_not_told_its_slots_was_shown_to_run() {
     );
     // Counted as running two while one is only a lower bound: no queue yet.
     assert_eq!(counted(&r), 0.0);
-    let mut second = r.try_probe(candidate, &p, false).expect("probed");
+    let mut second = sent(&r, r.try_probe(candidate, &p, false).expect("probed"), &p);
     assert!(r.try_probe(candidate, &p, false).is_none(), "two at most");
     // Its first byte came while the first streamed: it runs two.
     second.first_byte();
     assert_eq!(node.parallel(), 2);
     // Now up to three: one probe at a time, however many it was shown to run.
-    let mut third = r.try_probe(candidate, &p, false).expect("probed");
+    let mut third = sent(&r, r.try_probe(candidate, &p, false).expect("probed"), &p);
     assert!(r.try_probe(candidate, &p, false).is_none(), "three at most");
     third.first_byte();
     assert_eq!(node.parallel(), 3);
@@ -1029,7 +1047,7 @@ fn probes_go_one_past_what_a_node_not_told_its_slots_was_shown_to_run() {
         ReplyStats::parse(json.as_bytes()).unwrap()
     };
     let step = Duration::from_millis(20);
-    let mut ran_at_once = r.try_probe(candidate, &p, false).expect("probed");
+    let mut ran_at_once = sent(&r, r.try_probe(candidate, &p, false).expect("probed"), &p);
     std::thread::sleep(step);
     drop(second);
     ran_at_once.first_byte();
@@ -1037,7 +1055,7 @@ fn probes_go_one_past_what_a_node_not_told_its_slots_was_shown_to_run() {
     ran_at_once.observe(&reply(1_000));
     assert_eq!(counted(&r), 0.0, "still a lower bound");
     drop(ran_at_once);
-    let mut queued = r.try_probe(candidate, &p, false).expect("probed");
+    let mut queued = sent(&r, r.try_probe(candidate, &p, false).expect("probed"), &p);
     std::thread::sleep(step);
     drop(first);
     queued.first_byte();
@@ -1061,12 +1079,16 @@ fn a_probe_past_the_known_slots_takes_the_slot_that_frees_first_once_shown_queue
     let (a, b) = (chat(&["a"]), chat(&["b"]));
     let decision = r.decide(&a).unwrap();
     let candidate = &decision.ranked[0];
-    let mut first = r.try_send(candidate, &a, false).expect("a slot free");
-    r.commit(&mut first, &a, &decision);
+    let mut first = r
+        .try_send(candidate, &a, false)
+        .expect("a slot free")
+        .commit(&a, &decision, &r.placement());
     first.first_byte();
     let decision_b = r.decide(&b).unwrap();
-    let mut probe = r.try_probe(candidate, &b, false).expect("probed");
-    r.commit(&mut probe, &b, &decision_b);
+    let mut probe =
+        r.try_probe(candidate, &b, false)
+            .expect("probed")
+            .commit(&b, &decision_b, &r.placement());
     assert_eq!(node.lock_books().models[MODEL].slots.len(), 2);
     let follow_up = |name: &str| {
         let d = r.decide(&chat(&[name, "reply", "more"])).unwrap();
@@ -1094,12 +1116,16 @@ fn a_probe_that_begins_beside_the_known_slots_keeps_its_own() {
     let (a, b) = (chat(&["a"]), chat(&["b"]));
     let decision = r.decide(&a).unwrap();
     let candidate = &decision.ranked[0];
-    let mut first = r.try_send(candidate, &a, false).expect("a slot free");
-    r.commit(&mut first, &a, &decision);
+    let mut first = r
+        .try_send(candidate, &a, false)
+        .expect("a slot free")
+        .commit(&a, &decision, &r.placement());
     first.first_byte();
     let decision_b = r.decide(&b).unwrap();
-    let mut probe = r.try_probe(candidate, &b, false).expect("probed");
-    r.commit(&mut probe, &b, &decision_b);
+    let mut probe =
+        r.try_probe(candidate, &b, false)
+            .expect("probed")
+            .commit(&b, &decision_b, &r.placement());
     // b began while a streamed: the node runs both, each in its own slot.
     probe.first_byte();
     drop((first, probe));
@@ -1121,8 +1147,10 @@ fn a_new_conversations_first_token_gives_the_nodes_cold_rate_before_its_reply_en
     });
     let p = Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap();
     let decision = r.decide(&p).unwrap();
-    let mut d = r.try_dispatch(&node, &p).unwrap();
-    r.commit(&mut d, &p, &decision);
+    let mut d = r
+        .try_dispatch(&node, &p)
+        .unwrap()
+        .commit(&p, &decision, &r.placement());
     assert_eq!(cold_rate(), None);
     let step = Duration::from_millis(20);
     std::thread::sleep(step);
