@@ -19,7 +19,8 @@ use pingora_load_balancing::Backend;
 use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 
 use super::health::{Evidence, Rules};
-use super::{Fleet, Node};
+use super::node::Node;
+use super::roster::Fleet;
 
 pub struct Checker {
     fleet: Arc<Fleet>,

@@ -14,7 +14,7 @@ use pingora_core::protocols::http::v1::client::HttpSession;
 use pingora_core::{ErrorType, Result as PingoraResult};
 use pingora_http::RequestHeader;
 
-use super::Node;
+use super::node::Node;
 
 /// A reply larger than this is not a model list: the node is not what corral expects.
 const MAX_BODY: usize = 16 * 1024 * 1024;

@@ -18,6 +18,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::config::Config;
+
 /// Where a node stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -164,6 +166,19 @@ impl Health {
         self.state = State::Down;
         self.failures = 0;
         self.retry_at = Some(now + rules.cooldown);
+    }
+}
+
+impl Rules {
+    /// The thresholds of `breaker` and `health` in this configuration.
+    pub fn of(config: &Config) -> Rules {
+        let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Rules {
+            failures: config.breaker.failures,
+            cooldown: config.breaker.cooldown,
+            check_failures: to_u32(config.health.consecutive_failures),
+            check_passes: to_u32(config.health.consecutive_successes),
+        }
     }
 }
 

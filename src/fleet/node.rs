@@ -407,7 +407,7 @@ impl Node {
         self.health.lock().admits(Instant::now())
     }
 
-    /// Learns from one piece of evidence. Call through [`super::Fleet::learn`], which
+    /// Learns from one piece of evidence. Call through [`super::roster::Fleet::learn`], which
     /// wakes waiting requests when the node's admission changed.
     pub(super) fn learn(&self, evidence: Evidence, rules: &Rules) {
         let now = Instant::now();

@@ -10,11 +10,11 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use serde::Deserialize;
 
-use super::Fleet;
 use super::client::{GetError, NodeClient};
 use super::health::{Evidence, Rules};
 use super::kind::slots_from_props;
 use super::node::{Inventory, Node, Resident};
+use super::roster::Fleet;
 use crate::request::normalize_model;
 
 #[derive(Deserialize)]

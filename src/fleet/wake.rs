@@ -17,8 +17,8 @@ use hashbrown::HashMap;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::Node;
 use super::fair::{ClientId, FairShare, Member, Standing};
+use super::node::Node;
 use crate::config::Priority;
 
 #[derive(Default)]
