@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
 
+use super::router::{Placing, Router};
 use super::slots::{SlotPolicy, choose_slot, first_freed_since};
-use super::{AffinityResult, Candidate, Decision, Entry, HostProbe, Router};
+use super::{AffinityResult, Candidate, Decision, Entry, HostProbe};
 use crate::fleet::kind::Counting;
 use crate::fleet::reply::{Reading, ReplyStats};
 use crate::fleet::warm::{Measured, Observed, measure};
@@ -289,19 +290,6 @@ impl Router {
                 slot.depth = 0;
             }
         });
-    }
-}
-
-/// Held while a request is placed ([`Router::placement`]): a decision, the request's count
-/// on its node and its commit to the node's slots happen under it, so that requests
-/// arriving together see each other's loads and conversations.
-pub struct Placing<'r> {
-    _held: parking_lot::MutexGuard<'r, ()>,
-}
-
-impl<'r> Placing<'r> {
-    pub(super) fn hold(lock: &'r parking_lot::Mutex<()>) -> Placing<'r> {
-        Placing { _held: lock.lock() }
     }
 }
 

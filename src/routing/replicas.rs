@@ -12,6 +12,7 @@ use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::book::{Held, forget_if_unused, occupy};
+use super::remote::RemoteRun;
 use super::{Entry, Reserved, Router};
 use crate::fleet::kind::Counting;
 use crate::fleet::{ClientId, Node, Requester};
@@ -28,24 +29,6 @@ pub enum Lease {
     /// gives its place back. `news`: the store showed more requests on the node than the
     /// decision counted, and they are counted now, so deciding again may choose another node.
     Full { news: bool },
-}
-
-/// Requests and waits of the other replicas.
-#[derive(Default)]
-pub(super) struct Remote {
-    runs: HashMap<(u64, u64), RemoteRun>,
-    /// Each replica's waits as it last listed them: node, model, count.
-    waits: HashMap<u64, Vec<(u16, String, u32)>>,
-}
-
-struct RemoteRun {
-    node: u16,
-    model: String,
-    /// Its slot and conversation line, once its `Sent` came; none for a request known only
-    /// as a lease holder.
-    slot: Option<(usize, u64)>,
-    /// The slot time its client was charged when its `Sent` came, settled by its end.
-    charged: f64,
 }
 
 impl Router {

@@ -2,13 +2,19 @@
 //! answered and finished as the proxy does it, checked against what corral then knows.
 
 use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
 use crate::config::{NodeConfig, Weights};
 use crate::fleet::ReplyStats;
 use crate::fleet::kind::NodeKind;
 use crate::fleet::warm::{Capacity, Observed};
 use crate::fleet::{Evidence, Rules};
+use crate::fleet::{Fleet, Requester};
 use crate::fleet::{Inventory, Resident};
 use crate::request::Endpoint;
+use crate::request::Profile;
 
 const MODEL: &str = "llama3:8b";
 
