@@ -15,7 +15,8 @@ use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 
 use super::event::{Alive, Event, Waiting};
-use super::{Outgoing, Shared, error_kind, metrics, store};
+use super::link::{Outgoing, Shared, error_kind, metrics};
+use super::store;
 
 /// What a replica's books do with the shared state (the router implements it).
 pub trait Replica: Send + Sync + 'static {
