@@ -130,7 +130,7 @@ pub struct ModelState {
 impl ModelState {
     /// Requests run or wait for the model here.
     pub fn busy(&self) -> bool {
-        self.in_flight + self.waiting > 0
+        self.depth() > 0
     }
 
     /// Requests running or waiting for the model here.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::RequestCtx;
+use super::ctx::RequestCtx;
 use super::usage::TokenUsage;
 use crate::fleet::reply::{Reading, ReplyStats, Tail};
 use crate::fleet::{Fleet, Node};

@@ -21,7 +21,7 @@ use pingora_proxy::Session;
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 
-use super::RequestCtx;
+use super::ctx::RequestCtx;
 use super::forward::Forwarder;
 use super::relay::{Wait, peer, race, upstream_request};
 use super::usage::TokenUsage;
@@ -134,8 +134,10 @@ struct Plan<'a> {
 }
 
 /// Answers a batch from the nodes of `spread`.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
-    corral: &super::Corral,
+    forwarder: &Forwarder,
+    router: &Arc<Router>,
     session: &mut Session,
     ctx: &mut RequestCtx,
     profile: &Profile,
@@ -144,7 +146,6 @@ pub async fn serve(
     config: &Config,
 ) -> Result<()> {
     let Spread { nodes, best_score } = spread;
-    let (forwarder, router) = (&corral.forwarder, &corral.router);
     let started = Instant::now();
     let ranges = batch.chunks();
     let shared = Shared {

@@ -11,8 +11,8 @@ use http::HeaderValue;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_proxy::Session;
 
-use super::RequestCtx;
 use super::account::{Account, Answered};
+use super::ctx::RequestCtx;
 use super::relay::{self, End, Upstream, Wait, race};
 use crate::config::Config;
 use crate::fleet::{Evidence, Listener, Node, Rules};
@@ -508,7 +508,7 @@ impl Forwarder {
 
 /// What the forward loop does next, from the last decision and the attempts so far.
 enum Next<'d> {
-    /// Try the best candidate not tried yet (live nodes before standby ones): send the
+    /// Try the best candidate not tried yet (the ranking puts standby nodes last): send the
     /// request there if it has a slot, else wait for it.
     Try(&'d Decision, &'d Candidate),
     /// Every node tried refused the connection (none has seen the request): wait for one
@@ -789,14 +789,15 @@ mod tests {
     }
 
     #[test]
-    fn it_tries_the_best_untried_node_live_ones_before_standby() {
-        let d = Ok(decision(&[("sick", true), ("a", false), ("b", false)]));
+    fn it_tries_the_best_untried_node_in_the_rankings_order() {
+        // As ranked: standby nodes last.
+        let d = Ok(decision(&[("a", false), ("b", false), ("sick", true)]));
         assert_eq!(step(&d, &[], 2), "a");
-        let a_failed = [failed(1, ErrorType::ConnectionClosed)];
+        let a_failed = [failed(0, ErrorType::ConnectionClosed)];
         assert_eq!(step(&d, &a_failed, 2), "b");
         let both = [
-            failed(1, ErrorType::ConnectionClosed),
-            failed(2, ErrorType::ConnectRefused),
+            failed(0, ErrorType::ConnectionClosed),
+            failed(1, ErrorType::ConnectRefused),
         ];
         assert_eq!(
             step(&d, &both, 2),

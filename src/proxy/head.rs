@@ -22,8 +22,8 @@ use pingora_proxy::HttpProxy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::timeout;
 
-use super::Corral;
 use super::access_log::{self, AccessLog};
+use super::corral::Corral;
 use crate::metrics::Metrics;
 use crate::routing::Router;
 

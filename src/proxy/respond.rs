@@ -51,7 +51,7 @@ pub async fn json(session: &mut Session, status: u16, value: &serde_json::Value)
 /// the metrics.
 pub async fn refuse(
     session: &mut Session,
-    ctx: &mut super::RequestCtx,
+    ctx: &mut super::ctx::RequestCtx,
     status: u16,
     message: &str,
     extra: &[(&'static str, String)],

@@ -410,8 +410,7 @@ fn fit_slots(slots: &mut Vec<Slot>, parallel: usize) {
 /// without this every invented name would stay in memory and in the metrics' labels.
 pub(super) fn forget_if_unused(models: &mut HashMap<String, ModelState>, model: &str) {
     let unused = models.get(model).is_some_and(|s| {
-        s.in_flight == 0
-            && s.waiting == 0
+        !s.busy()
             && s.loading.is_none()
             && s.last_success.is_none()
             && s.slots.iter().all(|slot| slot.lineage == 0)

@@ -57,8 +57,7 @@ pub fn rank<'v>(
     let mut too_large = false;
     for view in views {
         let state = &view.model;
-        // Running there, and waiting in corral for it.
-        let depth = state.in_flight + state.waiting;
+        let depth = state.depth();
         let queue = signals::queue(depth, view.admits);
         let memory = Memory {
             need: request.need,

@@ -158,14 +158,10 @@ impl Decision {
         }
     }
 
-    /// The best candidate for which `tried` is false: live nodes first, standby ones (failing
-    /// checks, breaker open) only when no live node is left.
+    /// The best candidate for which `tried` is false. The ranking is the fallback order:
+    /// standby nodes (failing checks, breaker open) come after every live one.
     pub fn best_untried(&self, tried: impl Fn(u16) -> bool) -> Option<&Candidate> {
-        let mut untried = self.ranked.iter().filter(|c| !tried(c.node.id));
-        untried
-            .clone()
-            .find(|c| !c.standby)
-            .or_else(|| untried.next())
+        self.ranked.iter().find(|c| !tried(c.node.id))
     }
 
     /// The request's prefix is expected warm on the node with this id.

@@ -156,6 +156,11 @@ pub struct ModelView {
 }
 
 impl ModelView {
+    /// Requests running there and waiting in corral for it: its queue.
+    pub fn depth(&self) -> u32 {
+        self.in_flight + self.waiting
+    }
+
     fn read(
         books: &Books,
         model: &str,
