@@ -245,42 +245,6 @@ mod tests {
         assert_eq!(keys.facts("gpu"), "lab:facts:gpu");
     }
 
-    /// A redis-server of the test's own on a free port, stopped by its pid when dropped.
-    struct Server(std::process::Child, u16);
-
-    impl Server {
-        async fn start() -> Server {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .expect("a free port");
-            let child = std::process::Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("redis-server runs (apt-get install redis-server)");
-            let server = Server(child, port);
-            for _ in 0..500 {
-                if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-                {
-                    return server;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            panic!("redis-server did not listen");
-        }
-    }
-
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
     /// One call of the acquire script for a node of one slot: (replica, run) takes a lease,
     /// else its request `waiter` waits with `rank` for `client`.
     async fn acquire(
@@ -331,11 +295,14 @@ mod tests {
         removed.expect("ZREM");
     }
 
+    // A real redis-server runs the script: it comes with the stand-ins (the `demo` feature).
+    #[cfg(feature = "demo")]
     #[tokio::test]
     async fn a_waiter_ranks_by_where_its_client_stands_now_not_when_it_was_entered() {
-        let server = Server::start().await;
-        let url = format!("redis://127.0.0.1:{}", server.1);
-        let client = redis::Client::open(url).expect("a url");
+        let server = crate::standin::RedisServer::start()
+            .await
+            .expect("redis-server");
+        let client = redis::Client::open(server.url()).expect("a url");
         let mut conn = client
             .get_multiplexed_async_connection()
             .await

@@ -22,6 +22,9 @@
 //!
 //! The request path: `api` routes, `ollama`/`openai` parse a body into a job,
 //! `generate` resolves the model, takes a slot and prefills, `stream` decodes.
+//!
+//! Beside it, [`RedisServer`] starts a real `redis-server` for the tests and benchmarks of
+//! replicas sharing state.
 
 mod api;
 mod catalog;
@@ -38,6 +41,7 @@ mod ollama;
 mod openai;
 mod parse;
 mod prompt;
+mod redis;
 mod residency;
 mod server;
 mod slots;
@@ -52,6 +56,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 pub use config::{Fault, GIB, StandinConfig, StandinKind, StandinModel, demo_fleet};
+pub use redis::RedisServer;
 pub use residency::ChurnCounts;
 
 use node::Node;

@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral::standin::{StandinConfig, StandinModel, StandinNode};
+use corral::standin::{RedisServer, StandinConfig, StandinModel, StandinNode};
 
 pub const MODEL: &str = "llama3:8b";
 
@@ -446,24 +446,16 @@ pub fn big_body_model_last(size: usize) -> Vec<u8> {
 }
 
 /// A `redis-server` of Debian's package (`.ci/run` installs it), on a loopback port picked
-/// here, with nothing saved to disk. Killed on drop.
-pub struct Store {
-    child: Option<Child>,
-    pub port: u16,
-}
+/// here, with nothing saved to disk ([`RedisServer`]). Killed on drop.
+pub struct Store(RedisServer);
 
 impl Store {
     pub async fn start() -> Store {
-        let mut store = Store {
-            child: None,
-            port: free_port(),
-        };
-        store.restart().await;
-        store
+        Store(RedisServer::start().await.expect("redis-server starts"))
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        self.0.url()
     }
 
     /// The `shared_state:` section for corral's YAML. The bound on a request's wait for
@@ -475,35 +467,11 @@ impl Store {
 
     /// Starts the server again on the same port, empty (as after a crash or a flush).
     pub async fn restart(&mut self) {
-        assert!(self.child.is_none(), "the store runs already");
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server runs (apt-get install redis-server)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "redis-server did not listen");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.0.restart().await.expect("redis-server starts again");
     }
 
     /// Kills the server (by its pid): every connection to it drops.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        self.stop();
+        self.0.stop();
     }
 }

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 use corral::standin::StandinKind;
 
 use crate::client::{ChatApi, chat, chat_body};
-use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, Plan, RedisServer, TimeScale};
+use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, Plan, TimeScale};
 use crate::workload::{WorkloadKind, WorkloadSpec};
+use corral::standin::RedisServer;
 
 pub struct Options {
     /// Runs of the four cases, one after another.
@@ -121,7 +122,7 @@ async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<
         keys.push_str(&format!("weights:\n  move_cost: {}\n", opts.move_cost));
     }
     let store = match opts.replicas > 1 {
-        true => Some(RedisServer::start()?),
+        true => Some(RedisServer::start().await?),
         false => None,
     };
     if let Some(store) = &store {

@@ -631,46 +631,6 @@ pub fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
-/// A `redis-server` on a free loopback port, saving nothing; killed (by its pid) on drop.
-pub struct RedisServer {
-    child: Child,
-    port: u16,
-}
-
-impl RedisServer {
-    pub fn start() -> Result<RedisServer, String> {
-        let port = free_port()?;
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!("cannot start redis-server (apt-get install redis-server): {e}")
-            })?;
-        let server = RedisServer { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err("redis-server did not listen within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(server)
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The `corral` binary built beside this one (`target/release/corral` next to
 /// `target/release/corral-bench`).
 pub fn sibling_corral() -> Result<PathBuf, String> {

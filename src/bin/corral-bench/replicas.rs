@@ -15,11 +15,12 @@ use std::time::Duration;
 use corral::standin::StandinKind;
 
 use crate::client::ChatApi;
-use crate::fleet::{RedisServer, StoreWait, TimeScale};
+use crate::fleet::{StoreWait, TimeScale};
 use crate::policy::Policy;
 use crate::replay::{self, Env};
 use crate::report;
 use crate::workload::{self, WorkloadKind, WorkloadSpec};
+use corral::standin::RedisServer;
 
 pub struct Options {
     pub replicas: Vec<usize>,
@@ -51,7 +52,7 @@ pub async fn run(opts: Options) -> Result<String, String> {
         let conversations = workload::conversations(&spec);
         for (cell, &(replicas, shared)) in cells.iter().enumerate() {
             let store = match shared {
-                true => Some(RedisServer::start()?),
+                true => Some(RedisServer::start().await?),
                 false => None,
             };
             let env = Env {
