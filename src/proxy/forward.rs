@@ -157,18 +157,16 @@ impl Forwarder {
                         let reserved = reserve(
                             router, decision, candidate, profile, waited, &listener, config,
                         );
-                        Ok((
-                            decision,
-                            match reserved {
-                                // Sent at once where no store is to be asked: committed now.
-                                Some(reserved) if !router.leases(profile) => {
-                                    let dispatch = reserved.commit(profile, decision, &placing);
-                                    Placed::Sent(candidate, dispatch)
-                                }
-                                Some(reserved) => Placed::Leasing(candidate, reserved),
-                                None => Placed::Waits(Some(candidate), Awaited::Slot),
-                            },
-                        ))
+                        let placed = match reserved {
+                            // Sent at once where no store is to be asked: committed now.
+                            Some(reserved) if !router.leases(profile) => {
+                                let dispatch = reserved.commit(profile, decision, &placing);
+                                Placed::Sent(candidate, dispatch)
+                            }
+                            Some(reserved) => Placed::Leasing(candidate, reserved),
+                            None => Placed::Waits(Some(candidate), Awaited::Slot),
+                        };
+                        Ok((decision, placed))
                     }
                     // Nothing listens anywhere: the fleet is restarting, or starting with
                     // corral. Wait for a node to come back rather than refuse, counted as
