@@ -313,7 +313,7 @@ impl Reserved {
     }
 
     /// Sends the request: records it in the node's slot mirror and the affinity table
-    /// ([`Router::commit`]). Under the placement lock, so that no decision sees the request
+    /// (`Router::commit`). Under the placement lock, so that no decision sees the request
     /// counted on the node but not yet in its slots.
     pub fn commit(self, p: &Profile, decision: &Decision, _placing: &Placing<'_>) -> Dispatch {
         let mut dispatch = self.0;
@@ -691,7 +691,7 @@ impl Dispatch {
     }
 
     /// The request failed before any reply: what sending it recorded is taken back
-    /// ([`Router::abandon`]), and the node's failure counted.
+    /// (`Router::abandon`), and the node's failure counted.
     pub fn fail(mut self) {
         let router = self.router.clone();
         router.abandon(&mut self);

@@ -74,7 +74,7 @@ impl Router {
     }
 
     /// Hold this from [`Router::decide`] until the chosen node is counted
-    /// ([`Router::try_send`]) and the request committed to its slots ([`Reserved::commit`]):
+    /// ([`Router::try_send`]) and the request committed to its slots ([`super::Reserved::commit`]):
     /// a load or conversation placed by one decision is then seen by the next. Each step is
     /// quick and never waits on the network.
     pub fn placement(&self) -> Placing<'_> {

@@ -294,7 +294,7 @@ pub struct Run {
     /// When the request took its slot on the node, once it did.
     sent: Option<Instant>,
     kept: bool,
-    /// Whose request it is ([`crate::fleet::fair::ClientId::wire`]).
+    /// Whose request it is ([`crate::fleet::ClientId::wire`]).
     client: Option<String>,
 }
 

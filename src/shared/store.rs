@@ -168,7 +168,7 @@ end
 return 1
 ";
 
-/// KEYS: lease sets; ARGV[1] lease in ms, then one member per key. Pushes back the expiry of
+/// KEYS: lease sets; `ARGV[1]` lease in ms, then one member per key. Pushes back the expiry of
 /// leases still held (`XX`: a lease already expired and dropped is not taken again).
 const RENEW: &str = r"
 local t = redis.call('TIME')
