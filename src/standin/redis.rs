@@ -11,15 +11,22 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a server on a free port and waits until it listens (at most 10 s).
+    /// Starts a server on a free port and waits until it listens (at most 10 s). A port
+    /// taken meanwhile (tests pick ports side by side) is given up for another.
     pub async fn start() -> Result<RedisServer, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port: {e}"))?
-            .port();
-        let mut server = RedisServer { child: None, port };
-        server.restart().await?;
-        Ok(server)
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("no free port: {e}"))?
+                .port();
+            let mut server = RedisServer { child: None, port };
+            match server.restart().await {
+                Ok(()) => return Ok(server),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     pub fn port(&self) -> u16 {
@@ -30,10 +37,13 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Starts the server again on the same port, empty (as after a crash or a flush).
+    /// Starts the server again on the same port, empty (as after a crash or a flush), and
+    /// waits until it answers. Fails when another server answers on the port, or this one
+    /// exits first (the port was taken).
     pub async fn restart(&mut self) -> Result<(), String> {
         self.stop();
-        let child = Command::new("redis-server")
+        let url = self.url();
+        let mut child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
             .stdout(Stdio::null())
@@ -41,18 +51,31 @@ impl RedisServer {
             .map_err(|e| {
                 format!("cannot start redis-server (apt-get install redis-server): {e}")
             })?;
-        self.child = Some(child);
+        let pid = child.id();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            if Instant::now() > deadline {
-                return Err("redis-server did not listen within 10 s".into());
+        let outcome = loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                break Err(format!("redis-server at {url} exited: {status}"));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            match answering_pid(&url).await {
+                Some(answering) if answering == pid => break Ok(()),
+                Some(answering) => {
+                    break Err(format!("another server (pid {answering}) answers at {url}"));
+                }
+                None if Instant::now() > deadline => {
+                    break Err(format!("redis-server at {url} did not answer within 10 s"));
+                }
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        match outcome {
+            Ok(()) => self.child = Some(child),
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
-        Ok(())
+        outcome
     }
 
     /// Kills the server: every connection to it drops.
@@ -62,6 +85,19 @@ impl RedisServer {
             let _ = child.wait();
         }
     }
+}
+
+/// The process id of the server answering at `url`, once one does.
+async fn answering_pid(url: &str) -> Option<u32> {
+    let client = redis::Client::open(url).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    let line = info.lines().find_map(|l| l.strip_prefix("process_id:"))?;
+    line.trim().parse().ok()
 }
 
 impl Drop for RedisServer {
