@@ -29,10 +29,6 @@ impl RedisServer {
         Err(last)
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
