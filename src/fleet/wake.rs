@@ -250,23 +250,41 @@ impl Waiter {
 }
 
 /// A waiter's place in the order a slot freed on a node is handed in: the fair order of its
-/// client, then warm on that node before cold, then the longest waiting (fields compared in
-/// this order).
+/// client, then how likely it is to take the slot, then the longest waiting (fields compared
+/// in this order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Place {
     priority: Priority,
     standing: Standing,
-    cold: bool,
+    fit: Fit,
     id: u64,
+}
+
+/// How a waiter's conversation stands to a node's freed slot, the likeliest taker first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fit {
+    /// It waits for this node, warm there.
+    WarmHere,
+    /// It is cold wherever it goes, or waits for this node: a free slot now is what it lacks.
+    Cold,
+    /// It waits warm for another node. Offered last among its client's, since it mostly
+    /// declines (a cold prefill here against a short wait there), and every decline costs the
+    /// slot a wake and a decision before the next waiter is offered it.
+    WarmElsewhere,
 }
 
 impl Place {
     fn of(w: &Waiter, standing: Standings, node: u16) -> Place {
         let (priority, standing) = w.rank(standing);
+        let fit = match w.best {
+            Some((best, true)) if best == node => Fit::WarmHere,
+            Some((_, true)) => Fit::WarmElsewhere,
+            _ => Fit::Cold,
+        };
         Place {
             priority,
             standing,
-            cold: w.best != Some((node, true)),
+            fit,
             id: w.id,
         }
     }
@@ -333,13 +351,23 @@ impl Listener {
         })
     }
 
-    /// Per node, the requests waiting for it that go before this one in the fair order
-    /// between clients (another client's ahead of it, or its own client's): what it would
-    /// wait behind there.
+    /// Per node, the requests waiting for it that a slot freed there goes to before this one
+    /// (the order of [`Place`]: another client's ahead in the fair order, its own client's
+    /// warm there or waiting longer): what it would wait behind there. Not every waiter of its
+    /// own client: then the one handed a freed slot would see that slot's node as full as
+    /// the others and wait on, and the slot would pass from waiter to waiter.
     pub fn waiting_ahead(&self) -> Vec<(u16, u32)> {
-        self.with_waiters_first(|first| {
+        let waiters = self.queue.waiters.lock();
+        let Some(me) = waiters.iter().find(|w| w.id == self.id) else {
+            return Vec::new();
+        };
+        self.queue.fair.standings(|standing| {
             let mut ahead: Vec<(u16, u32)> = Vec::new();
-            for node in first.filter_map(|w| w.best.map(|(node, _)| node)) {
+            for w in waiters.iter().filter(|w| w.id != self.id) {
+                let Some((node, _)) = w.best else { continue };
+                if Place::of(w, standing, node) > Place::of(me, standing, node) {
+                    continue;
+                }
                 match ahead.iter_mut().find(|(n, _)| *n == node) {
                     Some((_, count)) => *count += 1,
                     None => ahead.push((node, 1)),
@@ -512,6 +540,21 @@ mod tests {
     }
 
     #[test]
+    fn a_waiter_warm_on_another_node_is_offered_a_slot_after_cold_ones() {
+        let w = Wakeups::default();
+        let n = node(0);
+        let [warm_elsewhere, cold] = looking::<2>(&w);
+        warm_elsewhere.waits(1, true, None);
+        cold.waits(1, false, None);
+        w.slot_freed("m", &n);
+        assert_eq!(handed_node(&warm_elsewhere), None, "though older");
+        let slot = cold.take_handoff().expect("the cold one");
+        // Declined, it goes on to the one warm elsewhere: a slot is not left idle.
+        cold.waits(1, false, Some(slot));
+        assert_eq!(handed_node(&warm_elsewhere), Some(0));
+    }
+
+    #[test]
     fn a_declined_slot_goes_on_to_each_waiter_once() {
         let w = Wakeups::default();
         let n = node(0);
@@ -654,11 +697,17 @@ mod tests {
         person.waits(0, false, None);
         // The agent has a request running: none of its waiters goes before the person.
         assert_eq!(person.waiting_ahead(), []);
-        // Each agent request waits behind the person and its own client's others.
-        assert_eq!(agents[0].waiting_ahead(), [(0, 3)]);
+        // Each agent request waits behind the person and its own client's older ones.
+        assert_eq!(agents[0].waiting_ahead(), [(0, 1)]);
+        assert_eq!(agents[2].waiting_ahead(), [(0, 3)]);
+        // And behind a younger one warm there, to which a slot freed there goes first.
+        let agent_warm = of(&w, "agent", Priority::Interactive);
+        agent_warm.waits(0, true, None);
+        assert_eq!(agents[0].waiting_ahead(), [(0, 2)]);
+        assert_eq!(agent_warm.waiting_ahead(), [(0, 1)], "only the person");
         let batch = of(&w, "jobs", Priority::Batch);
         batch.waits(1, false, None);
-        assert_eq!(batch.waiting_ahead(), [(0, 4)], "every interactive waiter");
+        assert_eq!(batch.waiting_ahead(), [(0, 5)], "every interactive waiter");
         assert_eq!(person.waiting_ahead(), []);
     }
 
