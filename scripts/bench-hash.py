@@ -102,11 +102,13 @@ def main():
             rows = {name: {m[0]: [] for m in MEASURES} for name in names}
             for seed in range(1, args.seeds + 1):
                 runs = [(name, "corral", path) for name, path in builds] + [(HASH, HASH, None)]
+                warm = []
                 for name, policy, path in runs:
                     got = replay(args, kind, load * SLOTS, seed, policy, path)
                     for key, values in rows[name].items():
                         values.append(got[key])
-                print(f"{kind} {load}x seed {seed} done", file=sys.stderr)
+                    warm.append(f"{name} warm {got['warm']:.1f} p50 {got['p50']:.0f}")
+                print(f"{kind} {load}x seed {seed} done: {', '.join(warm)}", file=sys.stderr)
             for name in names:
                 cols = " | ".join(cell(rows[name][key], fmt) for key, _, fmt, _ in MEASURES)
                 print(f"| {kind} | {load}x | {name} | {cols} |")

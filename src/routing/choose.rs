@@ -232,9 +232,32 @@ fn spread_by_warm_room(ranked: &mut [Ranked], starts: &[Start], p: &Profile, pau
         };
         Some((i, stay::start_cost(home, p.prompt_tokens)?))
     });
-    if let Some(pick) = cheapest(ranked, costs) {
+    let costs: Vec<(usize, f64)> = costs.collect();
+    if let Some(pick) = roomiest_near_cheapest(ranked, starts, &costs) {
         lead_by(ranked, pick, |s| &mut s.spread);
     }
+}
+
+/// Start costs within this fraction of the cheapest count as equal. Nodes of one kind
+/// measure a few per cent apart by noise alone; taken at face value, the one that happened
+/// to measure fastest started most new conversations, and its cache overflowed while the
+/// others kept room (three equal nodes: 10, 8 and 6 conversations of 24).
+const NEAR_CHEAPEST: f64 = 0.1;
+
+/// Of the candidates whose cost is within [`NEAR_CHEAPEST`] of the cheapest, the one with
+/// the most warm room to spare (its room less its live conversations); equal room keeps
+/// the signals' order.
+fn roomiest_near_cheapest(
+    ranked: &[Ranked],
+    starts: &[Start],
+    costs: &[(usize, f64)],
+) -> Option<usize> {
+    let least = costs.iter().map(|&(_, c)| c).min_by(f64::total_cmp)?;
+    let near = costs
+        .iter()
+        .filter(|&&(_, c)| c <= least * (1.0 + NEAR_CHEAPEST));
+    let spare = |i: usize| starts[i].room - f64::from(starts[i].live);
+    cheapest(ranked, near.map(|&(i, _)| (i, -spare(i))))
 }
 
 /// A follow-up whose prefix no node holds warm, on nodes that keep nothing beyond their
@@ -891,6 +914,23 @@ mod tests {
                 spread: 0.0,
                 ..c.scores
             }));
+    }
+
+    #[test]
+    fn a_new_conversation_starts_where_most_room_is_spare_among_nodes_equal_but_for_noise() {
+        let w = Weights::default();
+        let r = new_conversation_after_pauses();
+        let now = r.now;
+        // Equal nodes, one measured 5% faster: it holds more conversations already.
+        let quicker = measured(0, "quicker", 4200.0, 4, 8.0, now);
+        let roomier = measured(1, "roomier", 4000.0, 2, 8.0, now);
+        let ranked = rank(&chat("m"), r, &[quicker.clone(), roomier.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["roomier", "quicker"]);
+        assert!(ranked[0].scores.spread > 0.0);
+        // Twice as fast is no noise: the faster start wins while both have room.
+        let fast = measured(0, "fast", 8000.0, 4, 8.0, now);
+        let ranked = rank(&chat("m"), r, &[fast, roomier], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "roomier"]);
     }
 
     #[test]
