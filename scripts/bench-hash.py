@@ -11,6 +11,7 @@ Usage: scripts/bench-hash.py [--bench PATH] [--corral NAME=PATH ...] [--seeds 5]
                              [--kinds ollama,ollama-legacy,llama-cpp,openai] [--loads 1,2]
                              [--workload long-chat] [--cold-start] [--slots-untold] [--time-scale 10]
                              [--equal-nodes] [--cache-ram-tokens N] [--move-cost X]
+                             [--no-cache-idle-slots]
 
 --corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
 builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
@@ -53,6 +54,7 @@ def replay(args, kind, live, seed, policy, corral=None):
         cmd += ["--equal-nodes"] if args.equal_nodes else []
         cmd += ["--cache-ram-tokens", str(args.cache_ram_tokens or CACHE_RAM_TOKENS)]
         cmd += ["--move-cost", str(args.move_cost)] if args.move_cost else []
+        cmd += ["--no-cache-idle-slots"] if args.no_cache_idle_slots else []
         cmd += ["--corral", corral] if corral else []
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(f"{out}/replay.json") as f:
@@ -83,6 +85,8 @@ def main():
     ap.add_argument("--time-scale", type=float, default=10.0)
     ap.add_argument("--move-cost", type=float, default=0.0,
                     help="corral's weights.move_cost (0, its default: off)")
+    ap.add_argument("--no-cache-idle-slots", action="store_true",
+                    help="llama-server stand-ins do not copy idle slots into their host cache")
     ap.add_argument("--equal-nodes", action="store_true",
                     help="three equal nodes instead of four of different speeds")
     ap.add_argument("--cache-ram-tokens", type=int,
@@ -92,7 +96,8 @@ def main():
     names = [name for name, _ in builds] + [HASH]
 
     print(f"workload {args.workload}, cold start {args.cold_start}, slots untold {args.slots_untold}, "
-          f"equal nodes {args.equal_nodes}, host cache {args.cache_ram_tokens or CACHE_RAM_TOKENS} tokens, seeds 1-{args.seeds}, time scale {args.time_scale}")
+          f"equal nodes {args.equal_nodes}, host cache {args.cache_ram_tokens or CACHE_RAM_TOKENS} tokens"
+          f"{', idle slots not copied' if args.no_cache_idle_slots else ''}, seeds 1-{args.seeds}, time scale {args.time_scale}")
     print()
     print("| kind | load | policy | " + " | ".join(m[1] for m in MEASURES) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in MEASURES) + " |")

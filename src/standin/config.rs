@@ -71,6 +71,9 @@ pub struct StandinConfig {
     /// The host-memory prompt cache of llama-server based kinds (`--cache-ram`), in
     /// tokens; 0 keeps none.
     pub cache_ram_tokens: u32,
+    /// llama-server's `--cache-idle-slots` (on by default): when a task starts, every idle
+    /// slot's prompt is copied into the host cache.
+    pub cache_idle_slots: bool,
 }
 
 /// The real servers a stand-in can follow.
@@ -127,6 +130,7 @@ impl StandinConfig {
             multiuser_cache: false,
             kind: StandinKind::OllamaLegacy,
             cache_ram_tokens: 0,
+            cache_idle_slots: true,
         }
     }
 
@@ -242,6 +246,7 @@ fn demo_node(
         multiuser_cache: false,
         kind: StandinKind::OllamaLegacy,
         cache_ram_tokens: 0,
+        cache_idle_slots: true,
     }
 }
 

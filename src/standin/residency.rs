@@ -322,7 +322,13 @@ impl Residency {
             last_used: Instant::now(),
             keep_alive,
             slots: Arc::new(if self.cfg.kind.is_llama_server() {
-                SlotTable::llama_server(self.cfg.num_parallel, self.cfg.cache_ram_tokens, batches)
+                let cfg = &self.cfg;
+                SlotTable::llama_server(
+                    cfg.num_parallel,
+                    cfg.cache_ram_tokens,
+                    cfg.cache_idle_slots,
+                    batches,
+                )
             } else {
                 SlotTable::new(self.cfg.num_parallel, self.cfg.multiuser_cache, batches)
             }),

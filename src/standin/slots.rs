@@ -80,6 +80,8 @@ pub struct SlotTable {
     multiuser_cache: bool,
     /// llama-server's rule and host prompt cache, instead of Ollama's old runner's.
     prompt_cache: Option<Mutex<PromptCache>>,
+    /// Idle slots' prompts are copied into `prompt_cache` when a task starts.
+    cache_idle_slots: bool,
     /// The compute all slots share.
     engine: Arc<Engine>,
 }
@@ -93,15 +95,23 @@ impl SlotTable {
             clock: AtomicU64::new(0),
             multiuser_cache,
             prompt_cache: None,
+            cache_idle_slots: false,
             engine: Arc::new(Engine::new(batches)),
         }
     }
 
     /// Slots chosen as llama-server chooses them, with a host prompt cache of
-    /// `cache_tokens` (see [`super::llama_server`]).
-    pub fn llama_server(num_parallel: usize, cache_tokens: u32, batches: BatchRule) -> Self {
+    /// `cache_tokens` (see [`super::llama_server`]), and idle slots copied into it when a
+    /// task starts where `cache_idle_slots`.
+    pub fn llama_server(
+        num_parallel: usize,
+        cache_tokens: u32,
+        cache_idle_slots: bool,
+        batches: BatchRule,
+    ) -> Self {
         SlotTable {
             prompt_cache: Some(Mutex::new(PromptCache::new(cache_tokens))),
+            cache_idle_slots,
             ..SlotTable::new(num_parallel, false, batches)
         }
     }
@@ -122,7 +132,7 @@ impl SlotTable {
         slot.busy = true;
         slot.last_used = self.tick();
         slot.text = prompt.to_vec();
-        if let Some(cache) = &self.prompt_cache {
+        if let Some(cache) = self.prompt_cache.as_ref().filter(|_| self.cache_idle_slots) {
             save_idle_slots(&slots, &mut cache.lock());
         }
         SlotLease {
@@ -296,6 +306,20 @@ mod tests {
         let other = table.acquire(b"qqqq").await;
         assert_eq!(other.index(), 1);
         assert!(table.snapshot().iter().all(|s| s.busy));
+    }
+
+    #[tokio::test]
+    async fn idle_slots_are_copied_into_the_host_cache_only_with_cache_idle_slots() {
+        for copies in [true, false] {
+            let table = Arc::new(SlotTable::llama_server(2, 100_000, copies, batches()));
+            let first = table.acquire(b"aaaabbbbcccc").await;
+            first.finish(b"aaaabbbbccccREPLY".to_vec());
+            drop(first);
+            // A task starts on the other slot while the first one is idle.
+            let _second = table.acquire(b"qqqqrrrr").await;
+            let cached = table.prompt_cache.as_ref().map(|c| c.lock().len());
+            assert_eq!(cached, Some(usize::from(copies)), "copies: {copies}");
+        }
     }
 
     #[tokio::test]

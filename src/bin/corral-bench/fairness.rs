@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use corral::standin::StandinKind;
 
 use crate::client::{ChatApi, chat, chat_body};
-use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, Plan, TimeScale};
+use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, HostCache, Plan, TimeScale};
 use crate::workload::{WorkloadKind, WorkloadSpec};
 use corral::standin::RedisServer;
 
@@ -114,7 +114,13 @@ pub async fn run(opts: Options) -> Result<String, String> {
 }
 
 async fn measure(opts: &Options, plan: &Plan, case: Case, run: usize) -> Result<Measured, String> {
-    let fleet = Fleet::start(plan, opts.scale, StandinKind::Ollama, CACHE_RAM_TOKENS).await?;
+    let fleet = Fleet::start(
+        plan,
+        opts.scale,
+        StandinKind::Ollama,
+        HostCache::of(CACHE_RAM_TOKENS),
+    )
+    .await?;
     let mut keys = format!(
         "api_keys:\n  - {{name: person, key: {PERSON_KEY}}}\n  - {{name: agent, key: {AGENT_KEY}}}\n"
     );

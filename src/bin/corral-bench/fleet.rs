@@ -255,13 +255,32 @@ impl TimeScale {
     }
 }
 
+/// Each llama-server stand-in's host prompt cache: its size in tokens (`--cache-ram`; 0
+/// keeps none), and whether idle slots are copied into it when a task starts
+/// (`--cache-idle-slots`, llama-server's default).
+#[derive(Clone, Copy, Debug)]
+pub struct HostCache {
+    pub tokens: u32,
+    pub idle_slots: bool,
+}
+
+impl HostCache {
+    /// `tokens` of cache, idle slots copied into it as llama-server does by default.
+    pub fn of(tokens: u32) -> HostCache {
+        HostCache {
+            tokens,
+            idle_slots: true,
+        }
+    }
+}
+
 /// The stand-in configuration of one node of a plan, following the real server `kind`.
 pub fn standin_config(
     plan: &Plan,
     node: usize,
     scale: TimeScale,
     kind: StandinKind,
-    cache_ram_tokens: u32,
+    host: HostCache,
 ) -> StandinConfig {
     let spec = &plan.nodes[node];
     let mut cfg = StandinConfig::new(spec.name);
@@ -278,7 +297,8 @@ pub fn standin_config(
     cfg.keep_alive = scale.of_secs(KEEP_ALIVE_SECS);
     cfg.multiuser_cache = plan.multiuser_cache;
     cfg.kind = kind;
-    cfg.cache_ram_tokens = cache_ram_tokens;
+    cfg.cache_ram_tokens = host.tokens;
+    cfg.cache_idle_slots = host.idle_slots;
     cfg
 }
 
@@ -297,11 +317,11 @@ impl Fleet {
         plan: &Plan,
         scale: TimeScale,
         kind: StandinKind,
-        cache_ram_tokens: u32,
+        host: HostCache,
     ) -> Result<Fleet, String> {
         let specs = plan.nodes.clone();
         let configs: Vec<StandinConfig> = (0..specs.len())
-            .map(|i| standin_config(plan, i, scale, kind, cache_ram_tokens))
+            .map(|i| standin_config(plan, i, scale, kind, host))
             .collect();
         let mut nodes = Vec::with_capacity(configs.len());
         for cfg in &configs {
@@ -700,7 +720,13 @@ mod tests {
         for (kind, equal_nodes) in plans {
             let plan = Plan::of_kind(kind, equal_nodes);
             for i in 0..plan.nodes.len() {
-                let cfg = standin_config(&plan, i, TimeScale(25.0), StandinKind::Ollama, 0);
+                let cfg = standin_config(
+                    &plan,
+                    i,
+                    TimeScale(25.0),
+                    StandinKind::Ollama,
+                    HostCache::of(0),
+                );
                 assert!(cfg.models.iter().any(|m| m.name == CHAT_MODEL));
                 assert!(cfg.models.iter().all(|m| m.size_bytes <= cfg.memory_bytes));
             }

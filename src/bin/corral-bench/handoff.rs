@@ -15,7 +15,7 @@ use std::time::Duration;
 use corral::standin::StandinKind;
 use serde_json::json;
 
-use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, Plan, TimeScale};
+use crate::fleet::{CHAT_MODEL, CorralProcess, Fleet, HostCache, Plan, TimeScale};
 use crate::workload::{WorkloadKind, WorkloadSpec};
 
 pub struct Options {
@@ -41,7 +41,7 @@ pub async fn run(opts: Options) -> Result<String, String> {
 }
 
 async fn measure(opts: &Options, plan: &Plan, through_corral: bool) -> Result<Measured, String> {
-    let fleet = Fleet::start(plan, opts.scale, StandinKind::Ollama, 0).await?;
+    let fleet = Fleet::start(plan, opts.scale, StandinKind::Ollama, HostCache::of(0)).await?;
     let corral = match through_corral {
         true => Some(CorralProcess::start(&opts.corral, &fleet, opts.scale, "", None).await?),
         false => None,

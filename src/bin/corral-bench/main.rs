@@ -252,6 +252,10 @@ struct ReplayArgs {
     /// Host prompt cache of llama-server based kinds, in tokens (`--cache-ram`).
     #[arg(long, default_value_t = 0)]
     cache_ram_tokens: u32,
+    /// llama-server's `--no-cache-idle-slots`: idle slots are not copied into the host cache
+    /// when a task starts.
+    #[arg(long)]
+    no_cache_idle_slots: bool,
     /// The chat API clients use: ollama (`/api/chat`), openai (`/v1/chat/completions`),
     /// or auto: what the node kind's users speak (openai for llama-cpp and openai nodes).
     #[arg(long, default_value = "auto")]
@@ -461,6 +465,7 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             )
         })?,
         cache_ram_tokens: args.cache_ram_tokens,
+        cache_idle_slots: !args.no_cache_idle_slots,
         api: match args.api.as_str() {
             "auto" => None,
             name => Some(

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::client;
-use crate::fleet::{CorralCounts, CorralProcess, Fleet, Plan, StoreWait, TimeScale};
+use crate::fleet::{CorralCounts, CorralProcess, Fleet, HostCache, Plan, StoreWait, TimeScale};
 use crate::policy::{Picker, Policy};
 use crate::workload::{Conversation, WorkloadSpec, rendered_tokens};
 
@@ -26,6 +26,8 @@ pub struct Env {
     /// Which real server every stand-in follows, and its host prompt cache in tokens.
     pub node_kind: StandinKind,
     pub cache_ram_tokens: u32,
+    /// The stand-ins copy idle slots into their host cache (llama-server's default).
+    pub cache_idle_slots: bool,
     /// The chat API the clients speak.
     pub api: client::ChatApi,
     /// corral's `weights.move_cost`.
@@ -108,7 +110,11 @@ pub async fn run(
     policy: Policy,
 ) -> Result<Run, String> {
     let plan = Plan::for_workload(spec);
-    let fleet = Fleet::start(&plan, env.scale, env.node_kind, env.cache_ram_tokens).await?;
+    let host = HostCache {
+        tokens: env.cache_ram_tokens,
+        idle_slots: env.cache_idle_slots,
+    };
+    let fleet = Fleet::start(&plan, env.scale, env.node_kind, host).await?;
     let corrals = match (policy.through_corral(), &env.corral_bin) {
         (true, Some(bin)) => {
             let mut extra = match env.move_cost > 0.0 {

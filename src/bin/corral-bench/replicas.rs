@@ -62,6 +62,7 @@ pub async fn run(opts: Options) -> Result<String, String> {
                 run_timeout: Duration::from_secs(600),
                 node_kind: StandinKind::Ollama,
                 cache_ram_tokens: opts.cache_ram_tokens,
+                cache_idle_slots: true,
                 api: ChatApi::Ollama,
                 move_cost: 0.0,
                 replicas,
