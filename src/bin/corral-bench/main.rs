@@ -464,8 +464,10 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
                 args.node_kind
             )
         })?,
-        cache_ram_tokens: args.cache_ram_tokens,
-        cache_idle_slots: !args.no_cache_idle_slots,
+        host: fleet::HostCache {
+            tokens: args.cache_ram_tokens,
+            idle_slots: !args.no_cache_idle_slots,
+        },
         api: match args.api.as_str() {
             "auto" => None,
             name => Some(

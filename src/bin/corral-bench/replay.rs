@@ -23,11 +23,9 @@ pub struct Env {
     pub turn_timeout: Duration,
     /// Longest a whole run may take before its remaining turns are abandoned.
     pub run_timeout: Duration,
-    /// Which real server every stand-in follows, and its host prompt cache in tokens.
+    /// Which real server every stand-in follows, and its host prompt cache.
     pub node_kind: StandinKind,
-    pub cache_ram_tokens: u32,
-    /// The stand-ins copy idle slots into their host cache (llama-server's default).
-    pub cache_idle_slots: bool,
+    pub host: HostCache,
     /// The chat API the clients speak.
     pub api: client::ChatApi,
     /// corral's `weights.move_cost`.
@@ -110,11 +108,7 @@ pub async fn run(
     policy: Policy,
 ) -> Result<Run, String> {
     let plan = Plan::for_workload(spec);
-    let host = HostCache {
-        tokens: env.cache_ram_tokens,
-        idle_slots: env.cache_idle_slots,
-    };
-    let fleet = Fleet::start(&plan, env.scale, env.node_kind, host).await?;
+    let fleet = Fleet::start(&plan, env.scale, env.node_kind, env.host).await?;
     let corrals = match (policy.through_corral(), &env.corral_bin) {
         (true, Some(bin)) => {
             let mut extra = match env.move_cost > 0.0 {

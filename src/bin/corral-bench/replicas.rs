@@ -15,7 +15,7 @@ use std::time::Duration;
 use corral::standin::StandinKind;
 
 use crate::client::ChatApi;
-use crate::fleet::{StoreWait, TimeScale};
+use crate::fleet::{HostCache, StoreWait, TimeScale};
 use crate::policy::Policy;
 use crate::replay::{self, Env};
 use crate::report;
@@ -61,8 +61,7 @@ pub async fn run(opts: Options) -> Result<String, String> {
                 turn_timeout: opts.scale.of_secs(3600.0).max(Duration::from_secs(30)),
                 run_timeout: Duration::from_secs(600),
                 node_kind: StandinKind::Ollama,
-                cache_ram_tokens: opts.cache_ram_tokens,
-                cache_idle_slots: true,
+                host: HostCache::of(opts.cache_ram_tokens),
                 api: ChatApi::Ollama,
                 move_cost: 0.0,
                 replicas,

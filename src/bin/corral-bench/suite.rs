@@ -18,9 +18,7 @@ pub struct Options {
     pub seeds: Vec<u64>,
     pub scale: TimeScale,
     pub node_kind: corral::standin::StandinKind,
-    pub cache_ram_tokens: u32,
-    /// The stand-ins copy idle slots into their host cache (llama-server's default).
-    pub cache_idle_slots: bool,
+    pub host: crate::fleet::HostCache,
     /// The chat API clients use; `None`: the one the node kind's users speak.
     pub api: Option<crate::client::ChatApi>,
     pub move_cost: f64,
@@ -39,8 +37,7 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
             .max(std::time::Duration::from_secs(30)),
         run_timeout: std::time::Duration::from_secs(600),
         node_kind: opts.node_kind,
-        cache_ram_tokens: opts.cache_ram_tokens,
-        cache_idle_slots: opts.cache_idle_slots,
+        host: opts.host,
         api: opts.api.unwrap_or(match opts.node_kind {
             corral::standin::StandinKind::LlamaCpp | corral::standin::StandinKind::Openai => {
                 crate::client::ChatApi::Openai
