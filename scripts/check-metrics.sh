@@ -260,7 +260,8 @@ for family in \
   corral_requests_total corral_affinity_total corral_cold_loads_total corral_model_loads_total \
   corral_prompt_tokens_total corral_prompt_tokens_estimated_total corral_retries_total \
   corral_upstream_errors_total corral_node_up corral_in_flight corral_queue_depth \
-  corral_resident_models corral_model_resident corral_affinity_entries corral_node_success_ratio; do
+  corral_resident_models corral_model_resident corral_affinity_entries corral_node_success_ratio \
+  corral_handoffs_total; do
   grep -Eq "^$family(\{| )" "$scrape" || missing+=("$family")
 done
 for family in corral_request_duration_seconds corral_time_to_first_token_seconds corral_queue_wait_seconds \

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub client_waited: IntCounterVec,
     /// Time requests waited in corral for a slot, per key name.
     pub client_wait_seconds: prometheus::CounterVec,
+    /// Slots freed on a node and handed to a waiting request, by whether it took the slot.
+    pub handoffs: IntCounterVec,
 }
 
 impl Metrics {
@@ -151,6 +153,11 @@ impl Metrics {
                 "Time requests waited in corral for a slot, by client.",
                 &["client"]
             )?,
+            handoffs: register_int_counter_vec!(
+                "corral_handoffs_total",
+                "Slots freed on a node and handed to a request waiting in corral, by outcome: taken (sent there), declined (it went on waiting, or went elsewhere).",
+                &["outcome"]
+            )?,
         })
     }
 }
@@ -169,11 +176,14 @@ impl Metrics {
     /// Creates at 0 the counters the dashboard queries, so that its panels read 0 on a
     /// healthy fleet rather than "No data" until the first event: per node, retries and
     /// every kind of upstream error; per node and model it reports, cold loads, loads and
-    /// prompt tokens; every affinity result. `corral_requests_total` is left to requests:
+    /// prompt tokens; every affinity result and handoff outcome. `corral_requests_total` is left to requests:
     /// its endpoint and status are not known before one arrives.
     pub fn count_fleet(&self, fleet: &Fleet) {
         for result in ["hit", "miss", "new"] {
             self.affinity.with_label_values(&[result]);
+        }
+        for outcome in ["taken", "declined"] {
+            self.handoffs.with_label_values(&[outcome]);
         }
         for node in fleet.nodes().iter() {
             let name = node.name();

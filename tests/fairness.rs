@@ -99,6 +99,9 @@ async fn one_keys_burst_does_not_hold_back_another_keys_turn() {
         &[("client", "agent")],
     );
     assert!(waited.unwrap_or(0.0) >= 4.0, "{waited:?}");
+    // Each slot the node freed was handed to one of them, which took it.
+    let taken = sample(&scrape, "corral_handoffs_total", &[("outcome", "taken")]);
+    assert!(taken.unwrap_or(0.0) >= 4.0, "{taken:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

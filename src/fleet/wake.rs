@@ -441,6 +441,11 @@ impl Handoff {
     pub fn node_name(&self) -> &str {
         self.offer.as_ref().map_or("", |o| o.node.name())
     }
+
+    /// Whether the slot is on node `id`.
+    pub fn is_on(&self, id: u16) -> bool {
+        self.offer.as_ref().is_some_and(|o| o.node.id == id)
+    }
 }
 
 impl Drop for Handoff {

@@ -37,6 +37,12 @@ impl Account {
         &self.metrics
     }
 
+    /// A request waiting in corral was handed a freed slot and `taken` it, or not.
+    pub fn handoff(&self, taken: bool) {
+        let outcome = if taken { "taken" } else { "declined" };
+        self.metrics.handoffs.with_label_values(&[outcome]).inc();
+    }
+
     /// An attempt failed before any reply and the next node is tried.
     pub fn attempt_failed(&self, node: &str, kind: &str) {
         self.metrics.retries.with_label_values(&[node]).inc();

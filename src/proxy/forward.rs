@@ -209,6 +209,10 @@ impl Forwarder {
                     }
                 }
             };
+            if let Some(h) = &handoff {
+                let taken = matches!(&sent, Ok((c, _)) if h.is_on(c.node.id));
+                self.account.handoff(taken);
+            }
             let (best, awaited) = match sent {
                 Ok((candidate, dispatch)) => {
                     listener.sent(candidate.node.id, handoff);
