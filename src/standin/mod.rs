@@ -40,6 +40,7 @@ mod node;
 mod ollama;
 mod openai;
 mod parse;
+mod port;
 mod prompt;
 mod redis;
 mod residency;

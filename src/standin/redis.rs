@@ -2,12 +2,10 @@
 //! benchmarks of replicas sharing state: on a loopback port picked here, saving nothing to
 //! disk, stopped by its pid.
 
-use std::collections::HashSet;
-use std::hash::{BuildHasher, RandomState};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
+
+use super::port::unclaimed_port;
 
 pub struct RedisServer {
     child: Option<Child>,
@@ -20,7 +18,7 @@ impl RedisServer {
     pub async fn start() -> Result<RedisServer, String> {
         let mut last = String::new();
         for _ in 0..5 {
-            let port = unclaimed_port()?;
+            let port = unclaimed_port().map_err(|e| e.to_string())?;
             let mut server = RedisServer { child: None, port };
             match server.restart().await {
                 Ok(()) => return Ok(server),
@@ -84,39 +82,6 @@ impl RedisServer {
     }
 }
 
-/// A free port below the kernel's ephemeral range, never handed out before in this process.
-/// Every other listener of the tests and stand-ins binds port 0, which the kernel serves from
-/// the ephemeral range only: so while a server is stopped for a restart, no other test's
-/// listener takes its port (one did, and the restart failed).
-fn unclaimed_port() -> Result<u16, String> {
-    static CLAIMED: LazyLock<Mutex<HashSet<u16>>> = LazyLock::new(Default::default);
-    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    // Ports 1024..first_ephemeral, at most the 8192 just below it, picked at random so that
-    // processes side by side (a bench beside the tests) rarely try the same one.
-    let span = first_ephemeral.saturating_sub(1024).min(8192);
-    if span == 0 {
-        return Err(format!(
-            "no ports below the ephemeral range ({first_ephemeral})"
-        ));
-    }
-    let random = RandomState::new();
-    let mut claimed = CLAIMED
-        .lock()
-        .map_err(|_| "port registry poisoned".to_string())?;
-    for attempt in 0u16..200 {
-        let offset = (random.hash_one(attempt) % u64::from(span)) as u16;
-        let port = first_ephemeral - 1 - offset;
-        if !claimed.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            claimed.insert(port);
-            return Ok(port);
-        }
-    }
-    Err(format!("no free port below {first_ephemeral}"))
-}
-
 /// The process id of the server answering at `url`, once one does.
 async fn answering_pid(url: &str) -> Option<u32> {
     let client = redis::Client::open(url).ok()?;
@@ -133,31 +98,5 @@ async fn answering_pid(url: &str) -> Option<u32> {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ports_are_picked_below_the_ephemeral_range_and_never_twice() {
-        let first_ephemeral: u16 =
-            std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-                .map(|r| {
-                    r.split_whitespace()
-                        .next()
-                        .unwrap_or("32768")
-                        .parse()
-                        .unwrap_or(32768)
-                })
-                .unwrap_or(32768);
-        let ports: Vec<u16> = (0..50).map(|_| unclaimed_port().unwrap()).collect();
-        assert!(
-            ports.iter().all(|&p| (1024..first_ephemeral).contains(&p)),
-            "{ports:?}"
-        );
-        let distinct: HashSet<u16> = ports.iter().copied().collect();
-        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
     }
 }

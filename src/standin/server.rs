@@ -47,9 +47,14 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `addr` (port 0 picks one) and starts accepting.
+    /// Binds `addr` and starts accepting. Port 0 picks one below the kernel's ephemeral range
+    /// ([`super::port`]), so that no listener bound meanwhile takes it while the node is
+    /// stopped for a restart.
     pub async fn start(router: Router, addr: SocketAddr) -> io::Result<Server> {
-        let listener = bind(addr)?;
+        let listener = match addr.port() {
+            0 => bind_unclaimed(addr)?,
+            _ => bind(addr)?,
+        };
         let server = Server {
             addr: listener.local_addr()?,
             router,
@@ -102,6 +107,20 @@ impl Server {
         }
         self.conns.abort_all();
     }
+}
+
+/// [`bind`] on a port of [`super::port::unclaimed_port_on`]; another one if something else
+/// took it meanwhile.
+fn bind_unclaimed(addr: SocketAddr) -> io::Result<TcpListener> {
+    let mut last = None;
+    for _ in 0..5 {
+        let port = super::port::unclaimed_port_on(addr.ip())?;
+        match bind(SocketAddr::new(addr.ip(), port)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no port")))
 }
 
 /// A listening socket with `SO_REUSEADDR`, so a restart can take the port back while the
