@@ -47,7 +47,8 @@ pub fn unclaimed_port_on(ip: IpAddr) -> io::Result<u16> {
     Err(io::Error::new(io::ErrorKind::AddrNotAvailable, e))
 }
 
-fn first_ephemeral() -> u16 {
+/// The first port of the kernel's ephemeral range, which bind(0) serves from.
+pub(super) fn first_ephemeral() -> u16 {
     std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse().ok())

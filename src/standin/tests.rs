@@ -199,6 +199,10 @@ async fn stop_refuses_connections_and_restart_serves_again() -> TestResult {
 
     node.stop().await;
     assert!(tokio::net::TcpStream::connect(node.addr()).await.is_err());
+    // Its port is below the ephemeral range: no listener bound to port 0 meanwhile (another
+    // test's) can be given it.
+    let port = node.addr().port();
+    assert!(port < super::port::first_ephemeral(), "port {port}");
 
     node.restart().await?;
     assert_eq!(get(&node, "/").await?.0, 200);
