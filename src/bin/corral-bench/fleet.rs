@@ -585,6 +585,14 @@ impl CorralProcess {
         Ok(StoreWait::parse(&self.scrape().await?))
     }
 
+    /// The slots it handed to waiting requests, taken and declined, from its metrics.
+    pub async fn handoffs(&self) -> Result<(u64, u64), String> {
+        let text = self.scrape().await?;
+        let outcome =
+            |o: &str| metric_sum(&text, &format!("corral_handoffs_total{{outcome=\"{o}\"}}"));
+        Ok((outcome("taken"), outcome("declined")))
+    }
+
     async fn scrape(&self) -> Result<String, String> {
         reqwest::get(&self.metrics_url)
             .await

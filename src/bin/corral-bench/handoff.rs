@@ -31,6 +31,8 @@ pub struct Options {
 struct Measured {
     handoffs_ms: Vec<f64>,
     served: usize,
+    /// Through corral: the freed slots it handed to waiting requests, taken and declined.
+    handed: Option<(u64, u64)>,
 }
 
 pub async fn run(opts: Options) -> Result<String, String> {
@@ -87,6 +89,10 @@ async fn measure(opts: &Options, plan: &Plan, through_corral: bool) -> Result<Me
     for done in futures::future::join_all(clients).await {
         done.map_err(|e| format!("a client task failed: {e}"))??;
     }
+    let handed = match &corral {
+        Some(corral) => Some(corral.handoffs().await?),
+        None => None,
+    };
     drop(corral);
     let handoffs_ms = (fleet.nodes.iter())
         .flat_map(|n| n.handoffs())
@@ -96,6 +102,7 @@ async fn measure(opts: &Options, plan: &Plan, through_corral: bool) -> Result<Me
     Ok(Measured {
         handoffs_ms,
         served,
+        handed,
     })
 }
 
@@ -126,6 +133,13 @@ fn report(opts: &Options, plan: &Plan, direct: &Measured, through: &Measured) ->
             cell(q(0.9)),
             cell(q(0.99)),
             cell(v.last().copied()),
+        ));
+    }
+    if let Some((taken, declined)) = through.handed {
+        out.push_str(&format!(
+            "\ncorral handed {} freed slots to waiting requests: {taken} taken, {declined} declined \
+             (`corral_handoffs_total`)\n",
+            taken + declined
         ));
     }
     out
