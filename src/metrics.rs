@@ -12,7 +12,7 @@ use std::sync::Arc;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     register_histogram, register_histogram_vec, register_int_counter_vec,
 };
 
@@ -49,13 +49,21 @@ pub struct Metrics {
     pub client_waited: IntCounterVec,
     /// Time requests waited in corral for a slot, per key name.
     pub client_wait_seconds: prometheus::CounterVec,
-    /// Slots freed on a node and handed to a waiting request, by whether it took the slot.
-    pub handoffs: IntCounterVec,
+    /// Slots freed on a node and handed to a waiting request that took the slot, and that
+    /// declined it: `corral_handoffs_total`'s two series, looked up once (both exist at 0
+    /// from start).
+    pub handoffs_taken: IntCounter,
+    pub handoffs_declined: IntCounter,
 }
 
 impl Metrics {
     /// Registers corral's metrics in the default registry. Once per process.
     pub fn register() -> prometheus::Result<Metrics> {
+        let handoffs = register_int_counter_vec!(
+            "corral_handoffs_total",
+            "Slots freed on a node and handed to a request waiting in corral, by outcome: taken (sent there), declined (it went on waiting, or went elsewhere).",
+            &["outcome"]
+        )?;
         Ok(Metrics {
             requests: register_int_counter_vec!(
                 "corral_requests_total",
@@ -153,11 +161,8 @@ impl Metrics {
                 "Time requests waited in corral for a slot, by client.",
                 &["client"]
             )?,
-            handoffs: register_int_counter_vec!(
-                "corral_handoffs_total",
-                "Slots freed on a node and handed to a request waiting in corral, by outcome: taken (sent there), declined (it went on waiting, or went elsewhere).",
-                &["outcome"]
-            )?,
+            handoffs_taken: handoffs.with_label_values(&["taken"]),
+            handoffs_declined: handoffs.with_label_values(&["declined"]),
         })
     }
 }
@@ -176,14 +181,11 @@ impl Metrics {
     /// Creates at 0 the counters the dashboard queries, so that its panels read 0 on a
     /// healthy fleet rather than "No data" until the first event: per node, retries and
     /// every kind of upstream error; per node and model it reports, cold loads, loads and
-    /// prompt tokens; every affinity result and handoff outcome. `corral_requests_total` is left to requests:
+    /// prompt tokens; every affinity result. `corral_requests_total` is left to requests:
     /// its endpoint and status are not known before one arrives.
     pub fn count_fleet(&self, fleet: &Fleet) {
         for result in ["hit", "miss", "new"] {
             self.affinity.with_label_values(&[result]);
-        }
-        for outcome in ["taken", "declined"] {
-            self.handoffs.with_label_values(&[outcome]);
         }
         for node in fleet.nodes().iter() {
             let name = node.name();

@@ -39,8 +39,10 @@ impl Account {
 
     /// A request waiting in corral was handed a freed slot and `taken` it, or not.
     pub fn handoff(&self, taken: bool) {
-        let outcome = if taken { "taken" } else { "declined" };
-        self.metrics.handoffs.with_label_values(&[outcome]).inc();
+        match taken {
+            true => self.metrics.handoffs_taken.inc(),
+            false => self.metrics.handoffs_declined.inc(),
+        }
     }
 
     /// An attempt failed before any reply and the next node is tried.
