@@ -582,7 +582,10 @@ mod tests {
         let [a, b, c] = looking::<3>(&w);
         w.slot_freed("m", &n);
         // a went to node 1: b gets the slot on node 0.
-        a.sent(1, a.take_handoff());
+        let declined = a.take_handoff().expect("a's");
+        // What `corral_handoffs_total` tells taken from declined by.
+        assert!(declined.is_on(0) && !declined.is_on(1));
+        a.sent(1, Some(declined));
         let handoff = b.take_handoff().expect("passed on to b");
         // b takes it: nothing goes further.
         b.sent(0, Some(handoff));
