@@ -2,7 +2,7 @@
 //! policy is corral, every conversation run as a user would (send, read the streamed reply,
 //! think, send the next turn with the whole history), and the nodes' own logs at the end.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,6 +84,40 @@ pub struct Run {
     pub most_open: Vec<(u32, usize)>,
     /// How long the replicas' requests waited on the shared store, from their metrics.
     pub store_wait: Option<StoreWait>,
+}
+
+/// For diagnosing a run: one JSON line per turn (conversation, turn, node, tokens, times,
+/// corral's affinity claim), in `dir`, one file per policy run.
+fn write_turn_log(
+    dir: &Path,
+    policy: Policy,
+    fleet: &Fleet,
+    records: &[TurnRecord],
+) -> Result<(), String> {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut out = String::new();
+    for r in records {
+        let line = serde_json::json!({
+            "conversation": r.conversation,
+            "turn": r.turn,
+            "node": r.node.and_then(|i| fleet.specs.get(i)).map(|s| s.name),
+            "prompt_tokens": r.prompt_tokens,
+            "prompt_eval_count": r.prompt_eval_count,
+            "sent_ms": ms(r.sent),
+            "ttft_ms": r.ttft.map(ms),
+            "total_ms": ms(r.total),
+            "affinity": r.affinity,
+            "error": r.error,
+        });
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    let path = dir.join(format!(
+        "turns-{}-{}.jsonl",
+        policy.name(),
+        std::process::id()
+    ));
+    std::fs::write(&path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Shared by the conversations of one run.
@@ -193,6 +227,9 @@ pub async fn run(
     drop(corrals);
 
     let records = std::mem::take(&mut *sink.lock());
+    if let Some(dir) = std::env::var_os("CORRAL_BENCH_TURN_LOGS") {
+        write_turn_log(Path::new(&dir), policy, &ctx.fleet, &records)?;
+    }
     let unsent = (spec.conversations * spec.turns).saturating_sub(records.len());
     Ok(Run {
         policy,
