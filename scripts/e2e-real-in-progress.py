@@ -27,9 +27,13 @@ where the model loads. Without it the model is loaded on every node before the f
 At the end, corral against the hash (issue 38's goals): wall time and mean TTFT over all turns at
 most 1.1x the hash's, prompt tokens evaluated per follow-up at most the hash's + 10%.
 
+With --shared-system N the conversations share N system prompts, as users of one assistant
+or agents of one kind do; each still asks its own first question.
+
 Usage: start two servers (../shared/real-ollama/start.sh DIR 21101 21102) and corral
 (target/debug/corral -c conf/real-ollama.yaml), then
     scripts/e2e-real-in-progress.py [--runs 2] [--fresh] [--corral URL] [--nodes URL,URL]
+        [--shared-system N] [--via NAME=URL --policies corral,NAME,hash,random]
 """
 import argparse
 import json
@@ -79,15 +83,19 @@ def stream_chat(base, model, messages, explain=False):
 INVOCATION = os.urandom(4).hex()
 
 
-def conversation(run, policy_index, i):
+def conversation(run, policy_index, i, shared_system=0):
     # The policy enters the tag as a digit, not its name: names tokenize to different lengths,
     # and a longer prompt would slow one policy's first turns (by 35 to 55 tokens each when
     # "corral" and "hash" were in the tag).
-    tag = f"run {INVOCATION}-{run}-{policy_index} conversation {i}"
+    run_tag = f"run {INVOCATION}-{run}-{policy_index}"
+    # With shared system prompts, conversation i opens with prompt i mod N of its run, and
+    # says who it is in its first question.
+    tag = f"{run_tag} prompt {i % shared_system}" if shared_system else f"{run_tag} conversation {i}"
     system = f"You are assistant {tag}. " + " ".join(
         f"Note {j} for {tag}: keep answers short and plain." for j in range(36)
     )
-    return [{"role": "system", "content": system}, {"role": "user", "content": "Hi! Who are you?"}]
+    question = f"Hi! I am user {i:02}. Who are you?" if shared_system else "Hi! Who are you?"
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
 def follow_up(turn):
@@ -133,6 +141,8 @@ def run_policy(args, run, policy, rng):
     def target(i):
         if policy == "corral":
             return args.corral
+        if policy in args.via:
+            return args.via[policy]
         if policy == "hash":
             return args.nodes[i % len(args.nodes)]
         with lock:
@@ -144,13 +154,13 @@ def run_policy(args, run, policy, rng):
                 i = todo.get_nowait()
             except queue.Empty:
                 return
-            messages = conversation(run, args.policies.index(policy), i)
+            messages = conversation(run, args.policies.index(policy), i, args.shared_system)
             for turn in range(args.turns):
                 base = target(i)
                 sent = time.monotonic()
                 try:
                     message, final, headers, ttft, secs = stream_chat(
-                        base, args.model, messages, explain=policy == "corral")
+                        base, args.model, messages, explain=policy == "corral" or policy in args.via)
                 except Exception as e:  # noqa: BLE001 - reported, and the run fails
                     with lock:
                         errors.append(f"{policy} conversation {i} turn {turn}: {e}")
@@ -246,7 +256,12 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fresh", action="store_true", help="start every run with no model loaded")
     ap.add_argument("--json", help="write every turn's record here")
+    ap.add_argument("--shared-system", type=int, default=0, metavar="N",
+                    help="conversations share N system prompts (conversation i the i mod N-th)")
+    ap.add_argument("--via", action="append", default=[], metavar="NAME=URL",
+                    help="another policy: every request to URL (another corral build)")
     args = ap.parse_args()
+    args.via = dict(v.split("=", 1) for v in args.via)
 
     if not args.fresh:
         # Load the model on every node first, so that no policy pays the load.

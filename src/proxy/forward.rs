@@ -758,6 +758,7 @@ mod tests {
         Decision {
             ranked,
             pin: None,
+            shares_prefix: false,
             follow_up: false,
             direct: false,
             probe: None,

@@ -136,15 +136,10 @@ impl Router {
             return Err(RouteError::NoHealthyNode);
         }
         let peer_capacity = self.peer_capacities.of(&p.model_key);
-        let mut located = self.locate(p, peer_capacity);
-        if located
-            .pin
-            .is_some_and(|pin| self.shared_with_others(p, pin))
-        {
-            located.pin = None;
-            located.pin_hash = None;
-        }
-        let pin = located.pin;
+        let located = self.locate(p, peer_capacity);
+        // A prefix shared with other conversations is not a new conversation's own on
+        // llama-server (see [`Router::shared_with_others`]): it draws the request nowhere.
+        let pin = (located.pin).filter(|&pin| !self.shared_with_others(p, pin));
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
         let warm_node = p
@@ -214,6 +209,7 @@ impl Router {
         Ok(Decision {
             ranked,
             pin,
+            shares_prefix: located.pin.is_some(),
             follow_up: p.follow_up || located.went_cold,
             direct: false,
             probe: located.probe,
