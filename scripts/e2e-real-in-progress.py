@@ -28,7 +28,8 @@ At the end, corral against the hash (issue 38's goals): wall time and mean TTFT 
 most 1.1x the hash's, prompt tokens evaluated per follow-up at most the hash's + 10%.
 
 With --shared-system N the conversations share N system prompts, as users of one assistant
-or agents of one kind do; each still asks its own first question.
+or agents of one kind do (conversations 2k and 2k+1 the k-th, modulo N, so that the hash puts
+every prompt on both servers alike); each still asks its own first question.
 
 Usage: start two servers (../shared/real-ollama/start.sh DIR 21101 21102) and corral
 (target/debug/corral -c conf/real-ollama.yaml), then
@@ -88,9 +89,11 @@ def conversation(run, policy_index, i, shared_system=0):
     # and a longer prompt would slow one policy's first turns (by 35 to 55 tokens each when
     # "corral" and "hash" were in the tag).
     run_tag = f"run {INVOCATION}-{run}-{policy_index}"
-    # With shared system prompts, conversation i opens with prompt i mod N of its run, and
-    # says who it is in its first question.
-    tag = f"{run_tag} prompt {i % shared_system}" if shared_system else f"{run_tag} conversation {i}"
+    # With shared system prompts, conversations 2k and 2k+1 open with prompt k mod N of their
+    # run (so the hash's i mod 2 gives each server every prompt alike), and each says who it
+    # is in its first question.
+    prompt = (i // 2) % shared_system if shared_system else 0
+    tag = f"{run_tag} prompt {prompt}" if shared_system else f"{run_tag} conversation {i}"
     system = f"You are assistant {tag}. " + " ".join(
         f"Note {j} for {tag}: keep answers short and plain." for j in range(36)
     )
@@ -257,7 +260,7 @@ def main():
     ap.add_argument("--fresh", action="store_true", help="start every run with no model loaded")
     ap.add_argument("--json", help="write every turn's record here")
     ap.add_argument("--shared-system", type=int, default=0, metavar="N",
-                    help="conversations share N system prompts (conversation i the i mod N-th)")
+                    help="conversations share N system prompts (2k and 2k+1 the k-th, mod N)")
     ap.add_argument("--via", action="append", default=[], metavar="NAME=URL",
                     help="another policy: every request to URL (another corral build)")
     args = ap.parse_args()

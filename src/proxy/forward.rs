@@ -758,7 +758,6 @@ mod tests {
         Decision {
             ranked,
             pin: None,
-            shares_prefix: false,
             follow_up: false,
             direct: false,
             probe: None,

@@ -227,7 +227,6 @@ impl Router {
         dispatch.lineage = lineage;
         dispatch.prediction = Some(Prediction {
             affinity: decision.affinity_for(node.id),
-            shares_known_prefix: decision.shares_prefix,
             probe: decision.probe.filter(|probe| probe.node == node.id),
             estimated: tokens,
         });
@@ -553,9 +552,6 @@ impl Dispatch {
 #[derive(Clone, Copy, Debug)]
 struct Prediction {
     affinity: AffinityResult,
-    /// Some node holds a prefix of the request (its own conversation's, or a system prompt
-    /// it shares), whichever node it went to.
-    shares_known_prefix: bool,
     probe: Option<HostProbe>,
     /// corral's estimate of the prompt's tokens.
     estimated: u64,
@@ -623,12 +619,10 @@ impl Dispatch {
             let state = books.models.get_mut(&self.model)?;
             let observed = measured.observed();
             // The cold rate comes from replies that evaluated their whole prompt: a new
-            // conversation that corral knows shares no prefix on any node (the rate is not
-            // judged by the reply's reading, which the rate itself makes; and a system
-            // prompt held on one node may be cached on another it went to), or any reply
+            // conversation (corral knows of no prefix it shares on any node; the rate is
+            // not judged by the reply's reading, which the rate itself makes), or any reply
             // whose count is of evaluated tokens only.
-            let whole_prompt =
-                prediction.affinity == AffinityResult::New && !prediction.shares_known_prefix;
+            let whole_prompt = prediction.affinity == AffinityResult::New;
             // A node that does not say how long it took (OpenAI-compatible servers such as
             // vLLM) is timed by its first streamed token, where that followed the prefill
             // of the whole prompt and no load.

@@ -66,9 +66,6 @@ pub struct Decision {
     /// Best first.
     pub ranked: Vec<Candidate>,
     pub pin: Option<Pin>,
-    /// Some node holds a prefix of the request: its pin's, or a system prompt it shares
-    /// with other conversations (which is no pin: see `Router::shared_with_others`).
-    pub shares_prefix: bool,
     /// The request continues a conversation: it carries an earlier reply, or its prefix was
     /// known and has gone cold.
     pub follow_up: bool,
@@ -155,7 +152,6 @@ impl Decision {
                 standby: false,
             }],
             pin: None,
-            shares_prefix: false,
             follow_up: false,
             direct: true,
             probe: None,
