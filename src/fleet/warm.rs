@@ -645,6 +645,34 @@ pub struct WarmState {
     pub host: HostCache,
     /// Seconds a request takes here, from sending it to its reply's end.
     pub service_s: Ewma,
+    pub first_messages: FirstMessages,
+}
+
+/// The first messages (system prompts, mostly) of the conversations lately sent to a node:
+/// a new conversation whose first message is among them may find it cached there, so its
+/// reply measures no cold prefill rate.
+#[derive(Clone, Debug, Default)]
+pub struct FirstMessages {
+    recent: VecDeque<u64>,
+}
+
+impl FirstMessages {
+    /// As many as a node keeps warm at most, in its slots and host cache, several times over.
+    const KEPT: usize = 64;
+
+    /// Records a conversation's first message (its prefix hash) as sent here, and says
+    /// whether it was sent here before.
+    pub fn sent(&mut self, hash: u64) -> bool {
+        let before = self.recent.iter().position(|&h| h == hash);
+        if let Some(i) = before {
+            self.recent.remove(i);
+        }
+        self.recent.push_back(hash);
+        if self.recent.len() > Self::KEPT {
+            self.recent.pop_front();
+        }
+        before.is_some()
+    }
 }
 
 #[cfg(test)]

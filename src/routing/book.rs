@@ -164,10 +164,14 @@ impl Router {
         let parallel = node.parallel();
         let tokens = u64::from(p.prompt_tokens);
         let mut unseen = false;
+        let mut first_sent_before = false;
         let (index, lineage) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
             let state = books.models.entry_ref(p.model_key.as_str()).or_default();
             fit_slots(&mut state.slots, parallel);
+            if let Some(&first) = p.chain.hashes.get(1) {
+                first_sent_before = state.warm.first_messages.sent(first);
+            }
             let continued = pin
                 .filter(|pin| pin.continues && !pin.in_host)
                 .and_then(|pin| {
@@ -227,6 +231,7 @@ impl Router {
         dispatch.lineage = lineage;
         dispatch.prediction = Some(Prediction {
             affinity: decision.affinity_for(node.id),
+            first_sent_before,
             probe: decision.probe.filter(|probe| probe.node == node.id),
             estimated: tokens,
         });
@@ -552,6 +557,9 @@ impl Dispatch {
 #[derive(Clone, Copy, Debug)]
 struct Prediction {
     affinity: AffinityResult,
+    /// The request's first message was sent to this node before (see
+    /// [`crate::fleet::warm::FirstMessages`]).
+    first_sent_before: bool,
     probe: Option<HostProbe>,
     /// corral's estimate of the prompt's tokens.
     estimated: u64,
@@ -619,10 +627,11 @@ impl Dispatch {
             let state = books.models.get_mut(&self.model)?;
             let observed = measured.observed();
             // The cold rate comes from replies that evaluated their whole prompt: a new
-            // conversation (corral knows of no prefix it shares on any node; the rate is
-            // not judged by the reply's reading, which the rate itself makes), or any reply
-            // whose count is of evaluated tokens only.
-            let whole_prompt = prediction.affinity == AffinityResult::New;
+            // conversation whose first message (a system prompt it may share) was not sent
+            // here before (the rate is not judged by the reply's reading, which the rate
+            // itself makes), or any reply whose count is of evaluated tokens only.
+            let whole_prompt =
+                prediction.affinity == AffinityResult::New && !prediction.first_sent_before;
             // A node that does not say how long it took (OpenAI-compatible servers such as
             // vLLM) is timed by its first streamed token, where that followed the prefill
             // of the whole prompt and no load.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 
 use super::affinity::AffinityTable;
-use super::decision::{Decision, RouteError};
+use super::decision::{Decision, Pin, RouteError};
 use super::remote::Remote;
 use super::view::{self, ModelSizes, NodeView};
 use super::{choose, parallel, placement};
@@ -137,7 +137,9 @@ impl Router {
         }
         let peer_capacity = self.peer_capacities.of(&p.model_key);
         let located = self.locate(p, peer_capacity);
-        let pin = located.pin;
+        // A prefix shared with other conversations is not a new conversation's own on
+        // llama-server (see [`Router::shared_with_others`]): it draws the request nowhere.
+        let pin = (located.pin).filter(|&pin| !self.shared_with_others(p, pin));
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
         let warm_node = p
@@ -211,6 +213,29 @@ impl Router {
             direct: false,
             probe: located.probe,
         })
+    }
+}
+
+impl Router {
+    /// Whether a new conversation's warm prefix is only one it shares with other
+    /// conversations (a system prompt), on a node that keeps prompts per slot with a host
+    /// cache (llama-server: Ollama 0.30 and later, llama.cpp, and nodes of unknown kind).
+    /// There it is not pulled to that node: llama-server gives a prompt the idle slot that
+    /// shares most of it (`server-context.cpp`, `get_available_slot`), and keeps the
+    /// slot's own conversation only when the prompt would keep less than half of it, so a
+    /// new conversation sharing a long system prompt overwrites another's turns; and a
+    /// follow-up finding such a slot idle takes it rather than restore its own
+    /// conversation from the host cache. Conversations gathered on one node by their
+    /// system prompt push each other out. Placed as new, they spread by cost and room.
+    /// The old runner keeps the pull: any new conversation takes an occupied idle slot
+    /// there, and one sharing the system prompt at least reuses it.
+    fn shared_with_others(&self, p: &Profile, pin: Pin) -> bool {
+        if p.follow_up || pin.continues {
+            return false;
+        }
+        self.fleet
+            .node(pin.node)
+            .is_some_and(|node| node.books(|books| books.kind.may_keep_host_cache()))
     }
 }
 

@@ -236,6 +236,53 @@ fn a_model_that_nothing_used_leaves_no_state_behind() {
     assert!(node.lock_books().models.contains_key(MODEL));
 }
 
+/// A chat that opens with a system prompt.
+fn chat_after(system: &str, turns: &[&str]) -> Profile {
+    let mut messages = vec![serde_json::json!({ "role": "system", "content": system })];
+    for (i, t) in turns.iter().enumerate() {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(serde_json::json!({ "role": role, "content": t }));
+    }
+    let body = serde_json::json!({ "model": MODEL, "messages": messages });
+    Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+}
+
+#[test]
+fn a_new_conversation_is_not_pulled_to_llama_server_by_a_system_prompt_it_shares() {
+    let system = "s".repeat(4_000);
+    for kind in [NodeKind::Auto, NodeKind::Ollama, NodeKind::LlamaCpp] {
+        let r = router_with(2, 2, false, kind);
+        serve(&r, &chat_after(&system, &["a"]), 0);
+        // "b" shares only the system prompt with "a": placed as new, not drawn to node 0
+        // (whose idle slot it would overwrite), though known to share a prefix there.
+        let d = r.decide(&chat_after(&system, &["b"])).unwrap();
+        assert_eq!(d.pin, None, "{kind:?}");
+        assert_eq!(d.affinity_for(0), AffinityResult::New, "{kind:?}");
+        assert_eq!(affinity_score(&d, 0), 0.0, "{kind:?}");
+        assert_eq!(total_of(&d, 0), total_of(&d, 1), "{kind:?}");
+        // A's own follow-up, and a first turn repeated (regenerated), still go home.
+        let d = r.decide(&chat_after(&system, &["a", "r", "more"])).unwrap();
+        assert_eq!(
+            d.pin.map(|p| (p.node, p.continues)),
+            Some((0, true)),
+            "{kind:?}"
+        );
+        let d = r.decide(&chat_after(&system, &["a"])).unwrap();
+        assert_eq!(
+            d.pin.map(|p| (p.node, p.continues)),
+            Some((0, true)),
+            "{kind:?}"
+        );
+    }
+    // The old runner keeps nothing beyond its slots and gives any new conversation an
+    // occupied idle slot: there the shared system prompt still pulls.
+    let r = legacy_router(2, 2, false);
+    serve(&r, &chat_after(&system, &["a"]), 0);
+    let d = r.decide(&chat_after(&system, &["b"])).unwrap();
+    assert_eq!(d.pin.map(|p| (p.node, p.continues)), Some((0, false)));
+    assert!(affinity_score(&d, 0) > 0.0);
+}
+
 #[test]
 fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
     let r = legacy_router(1, 1, false);
@@ -557,6 +604,41 @@ fn a_new_conversation_read_as_warm_under_a_too_slow_rate_still_corrects_it() {
         (AffinityResult::New, Observed::Warm)
     );
     assert!(cold_rate().is_some_and(|t| (t - 1000.0).abs() < 1.0));
+}
+
+#[test]
+fn a_new_conversation_whose_system_prompt_a_node_saw_teaches_it_no_cold_rate() {
+    // Two current-Ollama nodes, whose counts include cached tokens: only a prompt known to
+    // be evaluated whole gives the cold rate.
+    let r = router_with(2, 1, false, NodeKind::Ollama);
+    let cold_rate = |node: usize| {
+        r.fleet.nodes()[node].lock_books().models[MODEL]
+            .warm
+            .cold_rate
+            .get()
+    };
+    let system = "s".repeat(4_000);
+    // About 1010 tokens evaluated whole in 1 s on node 0.
+    serve_replying(
+        &r,
+        &chat_after(&system, &["a"]),
+        0,
+        &ollama_reply(1010, 1000),
+    );
+    assert!(cold_rate(0).is_some_and(|t| (t - 1010.0).abs() < 1.0));
+    // "b" shares the system prompt and goes to node 0 too: new, but node 0 holds that
+    // prompt (10 ms), so its time is no cold rate.
+    let o = serve_replying(&r, &chat_after(&system, &["b"]), 0, &ollama_reply(1010, 10));
+    assert_eq!(o.predicted, AffinityResult::New);
+    assert!(cold_rate(0).is_some_and(|t| (t - 1010.0).abs() < 1.0));
+    // "c" shares it too, but node 1 never had it: evaluated whole in 2 s there.
+    serve_replying(
+        &r,
+        &chat_after(&system, &["c"]),
+        1,
+        &ollama_reply(1010, 2000),
+    );
+    assert!(cold_rate(1).is_some_and(|t| (t - 505.0).abs() < 1.0));
 }
 
 #[test]
