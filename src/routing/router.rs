@@ -221,12 +221,13 @@ impl Router {
     /// conversations (a system prompt), on a node that keeps prompts per slot with a host
     /// cache (llama-server: Ollama 0.30 and later, llama.cpp, and nodes of unknown kind).
     /// There it is not pulled to that node: llama-server gives a prompt the idle slot that
-    /// shares most of it (`server-context.cpp`, `get_available_slot`), and keeps the
-    /// slot's own conversation only when the prompt would keep less than half of it, so a
-    /// new conversation sharing a long system prompt overwrites another's turns; and a
-    /// follow-up finding such a slot idle takes it rather than restore its own
-    /// conversation from the host cache. Conversations gathered on one node by their
-    /// system prompt push each other out. Placed as new, they spread by cost and room.
+    /// shares most of it (`server-context.cpp`, `get_available_slot`), and saves that
+    /// slot's conversation to its host cache first only when the prompt would keep less
+    /// than half of it, so a new conversation sharing a long system prompt overwrites
+    /// another's turns; and a follow-up finding such a slot idle takes it rather than
+    /// restore its own conversation from the host cache. Conversations gathered on one
+    /// node by their system prompt push each other out. Placed as new, they spread by cost
+    /// and room.
     /// The old runner keeps the pull: any new conversation takes an occupied idle slot
     /// there, and one sharing the system prompt at least reuses it.
     fn shared_with_others(&self, p: &Profile, pin: Pin) -> bool {
