@@ -161,6 +161,11 @@ impl Router {
                 tokens: sent.tokens,
             };
             occupy(state, sent.slot, held, Instant::now());
+            // Its first message, the last prefix remembered (see `Router::commit`), was sent
+            // there: a reply there to another conversation opening with it is no cold rate.
+            if let Some(&first) = sent.prefixes.last() {
+                state.warm.first_messages.sent(first);
+            }
         });
         let run = RemoteRun {
             node: node.id,

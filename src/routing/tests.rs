@@ -642,6 +642,33 @@ fn a_new_conversation_whose_system_prompt_a_node_saw_teaches_it_no_cold_rate() {
 }
 
 #[test]
+fn a_system_prompt_another_replica_sent_to_a_node_teaches_it_no_cold_rate() {
+    use crate::shared::{Event, Replica, Sent};
+    let r = router_with(1, 2, false, NodeKind::Ollama);
+    let system = "s".repeat(4_000);
+    let theirs = chat_after(&system, &["a"]);
+    r.apply(Event::Sent(Sent {
+        replica: 9,
+        run: 1,
+        node: "n0".into(),
+        model: MODEL.into(),
+        slot: 0,
+        lineage: 1,
+        depth: theirs.chain.depth(),
+        tokens: 1010,
+        prefixes: vec![theirs.chain.last(), theirs.chain.hashes[1]],
+        session: None,
+        client: None,
+    }));
+    // This replica's first conversation opening with that prompt finds it cached: no rate.
+    let ours = chat_after(&system, &["b"]);
+    let o = serve_replying(&r, &ours, 0, &ollama_reply(1010, 10));
+    assert_eq!(o.predicted, AffinityResult::New);
+    let node = r.fleet.nodes()[0].clone();
+    assert_eq!(node.lock_books().models[MODEL].warm.cold_rate.get(), None);
+}
+
+#[test]
 fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
     let r = router(2, 1);
     let mut config = (*r.config()).clone();

@@ -39,7 +39,8 @@ pub struct Sent {
     pub depth: usize,
     /// Prompt tokens, as estimated.
     pub tokens: u64,
-    /// Prefix hashes now warm there (the conversation's deepest, and its first boundary).
+    /// Prefix hashes now warm there: the conversation's deepest, then its first boundary
+    /// where that is another (so the last is always its first message).
     pub prefixes: Vec<u64>,
     /// The explicit session key, if the request had one.
     pub session: Option<u64>,
