@@ -19,6 +19,8 @@ pub(super) struct Located {
     pub pin_hash: Option<u64>,
     /// Some deeper prefix was known and has gone cold.
     pub went_cold: bool,
+    /// The pin's node may keep a host cache (llama-server based, or not known yet).
+    pub pin_keeps_host: bool,
     /// The deepest conversation found in a host cache, warm or not, whose reply will show
     /// how deep that cache goes.
     pub probe: Option<HostProbe>,
@@ -43,7 +45,7 @@ impl Router {
             let place = node.and_then(|node| {
                 let slots = node.parallel();
                 node.books(|books| {
-                    let host_allowed = books.kind.may_keep_host_cache();
+                    let keeps_host = books.kind.may_keep_host_cache();
                     let state = books.models.get(&p.model_key)?;
                     // A slot past those the node was shown to run is one the mirror gave a
                     // request sent past them: the node may have queued it and given it a
@@ -51,7 +53,7 @@ impl Router {
                     let in_slot = (state.slots.iter().enumerate())
                         .find(|(_, s)| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
                         .map(|(i, s)| Place::Slot(s.depth, i < slots));
-                    in_slot.or_else(|| {
+                    let place = in_slot.or_else(|| {
                         // The slot the node restores it into: llama-server's choice for a
                         // prompt no slot holds.
                         let policy = SlotPolicy::LeastRecentlyUsed;
@@ -61,13 +63,19 @@ impl Router {
                         let host = &state.warm.host;
                         let place =
                             host.place(entry.lineage, peer_capacity, slots, taken.as_ref())?;
-                        Some(Place::Host(place, host_allowed))
-                    })
+                        Some(Place::Host(place))
+                    })?;
+                    Some((place, keeps_host))
                 })
             });
+            let Some((place, keeps_host)) = place else {
+                found.stale.push(hash);
+                found.went_cold = true;
+                continue;
+            };
             let (slot_depth, in_host, expected) = match place {
-                Some(Place::Slot(slot_depth, seen)) => (slot_depth, false, seen),
-                Some(Place::Host(place, allowed)) => {
+                Place::Slot(slot_depth, seen) => (slot_depth, false, seen),
+                Place::Host(place) => {
                     if found.probe.is_none() {
                         found.probe = Some(HostProbe {
                             node: entry.node,
@@ -75,17 +83,12 @@ impl Router {
                             newer: u32::try_from(place.newer).unwrap_or(u32::MAX),
                         });
                     }
-                    if !(place.warm && allowed) {
+                    if !(place.warm && keeps_host) {
                         // Kept: a reply may yet show it warm, and teach a larger capacity.
                         found.went_cold = true;
                         continue;
                     }
                     (place.depth, true, place.expected)
-                }
-                None => {
-                    found.stale.push(hash);
-                    found.went_cold = true;
-                    continue;
                 }
             };
             found.pin = Some(Pin {
@@ -97,6 +100,7 @@ impl Router {
                 expected,
             });
             found.pin_hash = Some(hash);
+            found.pin_keeps_host = keeps_host;
             return found;
         }
         found
@@ -108,6 +112,6 @@ enum Place {
     /// In a slot, holding this many boundaries; the flag says whether the node was shown to
     /// run that many slots.
     Slot(usize, bool),
-    /// In the host-cache mirror; the flag says whether the node can have a host cache.
-    Host(HostPlace, bool),
+    /// In the host-cache mirror.
+    Host(HostPlace),
 }

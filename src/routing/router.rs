@@ -138,8 +138,9 @@ impl Router {
         let peer_capacity = self.peer_capacities.of(&p.model_key);
         let located = self.locate(p, peer_capacity);
         // A prefix shared with other conversations is not a new conversation's own on
-        // llama-server (see [`Router::shared_with_others`]): it draws the request nowhere.
-        let pin = (located.pin).filter(|&pin| !self.shared_with_others(p, pin));
+        // llama-server (see [`shared_with_others`]): it draws the request nowhere.
+        let keeps_host = located.pin_keeps_host;
+        let pin = (located.pin).filter(|&pin| !shared_with_others(p, pin, keeps_host));
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
         let warm_node = p
@@ -216,28 +217,20 @@ impl Router {
     }
 }
 
-impl Router {
-    /// Whether a new conversation's warm prefix is only one it shares with other
-    /// conversations (a system prompt), on a node that keeps prompts per slot with a host
-    /// cache (llama-server: Ollama 0.30 and later, llama.cpp, and nodes of unknown kind).
-    /// There it is not pulled to that node: llama-server gives a prompt the idle slot that
-    /// shares most of it (`server-context.cpp`, `get_available_slot`), and saves that
-    /// slot's conversation to its host cache first only when the prompt would keep less
-    /// than half of it, so a new conversation sharing a long system prompt overwrites
-    /// another's turns; and a follow-up finding such a slot idle takes it rather than
-    /// restore its own conversation from the host cache. Conversations gathered on one
-    /// node by their system prompt push each other out. Placed as new, they spread by cost
-    /// and room.
-    /// The old runner keeps the pull: any new conversation takes an occupied idle slot
-    /// there, and one sharing the system prompt at least reuses it.
-    fn shared_with_others(&self, p: &Profile, pin: Pin) -> bool {
-        if p.follow_up || pin.continues {
-            return false;
-        }
-        self.fleet
-            .node(pin.node)
-            .is_some_and(|node| node.books(|books| books.kind.may_keep_host_cache()))
-    }
+/// Whether a new conversation's warm prefix is only one it shares with other conversations
+/// (a system prompt), on a node that may keep prompts in a host cache beyond its slots
+/// (`keeps_host`: llama-server, as in Ollama 0.30 and later and llama.cpp, or a node of kind
+/// not known yet). There it is not drawn to that node: llama-server gives a prompt the idle
+/// slot that shares most of it (`server-context.cpp`, `get_available_slot`), and saves that
+/// slot's conversation to its host cache first only when the prompt would keep less than
+/// half of it, so a new conversation sharing a long system prompt overwrites another's
+/// turns; and a follow-up finding such a slot idle takes it rather than restore its own
+/// conversation from the host cache. Conversations gathered on one node by their system
+/// prompt push each other out; placed as new, they spread by cost and room. The old runner
+/// keeps the pull: any new conversation takes an occupied idle slot there, and one sharing
+/// the system prompt at least reuses it.
+fn shared_with_others(p: &Profile, pin: Pin, keeps_host: bool) -> bool {
+    keeps_host && !p.follow_up && !pin.continues
 }
 
 /// Held while a request is placed ([`Router::placement`]): a decision, the request's count
