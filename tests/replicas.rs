@@ -16,12 +16,17 @@ async fn fleet() -> Vec<StandinNode> {
     fleet_of(SLOTS).await
 }
 
-/// Three stand-ins of current Ollama of `slots` slots each.
+/// Three stand-ins of current Ollama of `slots` slots each, prefilling 5,000 tokens a second:
+/// a cold turn here costs 20-80 ms more than a warm one. At `fast_node`'s 200,000 a second a
+/// cold prefill costs no more than a warm one, corral learns as much from the replies, and
+/// where a follow-up lands is decided by the queues alone: one replica then kept 0.55-0.83
+/// of them warm, and two sharing a store fell to what two apart keep in some runs.
 async fn fleet_of(slots: usize) -> Vec<StandinNode> {
     let mut nodes = Vec::new();
     for i in 0..NODES {
         let mut cfg = fast_node(&format!("n{i}"));
         cfg.num_parallel = slots;
+        cfg.prefill_per_token = Duration::from_micros(200);
         cfg.decode_per_token = Duration::from_millis(3);
         // Current Ollama: llama-server's slots and its prompt cache in host memory.
         cfg.kind = StandinKind::Ollama;
@@ -209,25 +214,41 @@ async fn two_replicas_sharing_a_store_act_as_one() {
         "two replicas sent a node more than its {SLOTS} slots: {:?}",
         r.shared
     );
-    // Replicas that share where conversations are warm keep more of them warm than replicas
-    // apart: means of six replays 0.63-0.76 against 0.42-0.54 in six runs of this, each
-    // replay varying by 0.1 and more on a shared 2-core machine.
+    // Replicas that share where conversations are warm keep about what one replica keeps,
+    // and far more than replicas apart, which each know only the turns they sent: in three
+    // runs of this, one replica kept every follow-up warm in all 18 replays, two sharing
+    // 0.97-1.00 a replay (means 0.99-0.995), two apart 0.38-0.88 (means 0.54-0.62). The
+    // bounds leave room for a slower machine; the issue's 0.02 is measured by the ignored
+    // test below.
+    let (alone, shared, apart) = (
+        mean_warm(&r.alone),
+        mean_warm(&r.shared),
+        mean_warm(&r.apart),
+    );
     assert!(
-        mean_warm(&r.shared) >= mean_warm(&r.apart) + 0.05,
-        "two replicas sharing kept no more follow-ups warm than two apart: {:?} against {:?}",
+        shared >= apart + 0.2,
+        "two replicas sharing kept little more warm than two apart ({shared:.3} vs {apart:.3}): \
+         {:?} against {:?}",
         r.shared,
         r.apart
     );
+    assert!(
+        shared >= alone - 0.1,
+        "two replicas sharing kept fewer warm than one ({shared:.3} vs {alone:.3}): {:?}",
+        r.shared
+    );
 }
 
-/// The issue's bound, under contention: within 0.02 of one replica's warm share. One
-/// replica's own replays vary by 0.1 and more here (0.44-0.89), so six replays a side cannot
-/// tell 0.02 apart and this does not run in CI; pooled over nine runs of it at `c869258` (54
-/// replays a side), two replicas sharing kept 0.710 warm against one replica's 0.680
-/// (difference +0.030, 95% interval -0.010 to +0.071). Run with
-/// `cargo test --test replicas -- --ignored`.
+/// The issue's bound, under contention: within 0.02 of one replica's warm share. A
+/// measurement, not run in CI: each miss moves a replay's share by 0.028. On this fleet one
+/// replica keeps every follow-up warm; two sharing kept 421 and 423 of 432 (0.975, 0.979) in
+/// two runs of 12 replays, so the bound is missed by about 0.005. The misses are follow-ups moved
+/// off their warm node while it was busy with a queue to a node with a free slot; the queue
+/// counts the other replica's waiting requests as it last listed them, up to a beat old:
+/// counting none of them, 427 and 432 of 432 (an experiment, not a fix: they are real
+/// queues). Run with `cargo test --test replicas -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "a measurement: six replays a side vary by more than the bound"]
+#[ignore = "a measurement: misses the bound by about 0.005 (see above)"]
 async fn under_contention_two_replicas_keep_one_replicas_warm_share() {
     let r = contended_rounds(6).await;
     assert!(
