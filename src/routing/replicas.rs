@@ -233,29 +233,36 @@ impl Router {
 
     fn alive_elsewhere(&self, alive: Alive) {
         let listed: HashSet<u64> = alive.runs.into_iter().collect();
-        let (gone, old_waits) = {
+        let gone: Vec<RemoteRun> = {
             let mut remote = self.remote.lock();
             let gone: Vec<(u64, u64)> = (remote.runs.keys())
                 .filter(|(replica, run)| *replica == alive.replica && !listed.contains(run))
                 .copied()
                 .collect();
-            let gone: Vec<RemoteRun> = gone
-                .iter()
+            (gone.iter())
                 .filter_map(|key| remote.runs.remove(key))
-                .collect();
-            let waits: Vec<(u16, String, u32)> = (alive.waits.into_iter())
+                .collect()
+        };
+        self.waits_elsewhere(alive.replica, alive.waits);
+        for run in gone {
+            self.end(run, true);
+        }
+    }
+
+    /// What waits in another replica now, in place of what it said before.
+    fn waits_elsewhere(&self, replica: u64, waits: Vec<Waiting>) {
+        let old_waits = {
+            let mut remote = self.remote.lock();
+            let waits: Vec<(u16, String, u32)> = (waits.into_iter())
                 .filter_map(|w| Some((self.node_named(&w.node)?.id, w.model, w.count)))
                 .collect();
             for (node, model, count) in &waits {
                 self.add_waits(*node, model, i64::from(*count));
             }
-            (gone, remote.waits.insert(alive.replica, waits))
+            remote.waits.insert(replica, waits)
         };
         for (node, model, count) in old_waits.unwrap_or_default() {
             self.add_waits(node, &model, -i64::from(count));
-        }
-        for run in gone {
-            self.end(run, true);
         }
     }
 
@@ -278,6 +285,7 @@ impl Replica for Router {
             Event::Sent(sent) => self.sent_elsewhere(sent),
             Event::Ended(ended) => self.ended_elsewhere(ended),
             Event::Alive(alive) => self.alive_elsewhere(alive),
+            Event::Waits(waits) => self.waits_elsewhere(waits.replica, waits.waits),
         }
     }
 

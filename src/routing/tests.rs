@@ -669,6 +669,43 @@ fn a_system_prompt_another_replica_sent_to_a_node_teaches_it_no_cold_rate() {
 }
 
 #[test]
+fn what_another_replica_says_waits_replaces_what_it_said_before() {
+    use crate::shared::{Alive, Event, Replica, Waiting, Waits};
+    let r = router(2, 1);
+    let waiting = |count| {
+        vec![Waiting {
+            node: "n0".into(),
+            model: MODEL.into(),
+            count,
+        }]
+    };
+    let on_n0 = || {
+        r.fleet.nodes()[0]
+            .lock_books()
+            .models
+            .get(MODEL)
+            .map(|m| m.waiting)
+    };
+    r.apply(Event::Alive(Alive {
+        replica: 9,
+        runs: Vec::new(),
+        waits: waiting(3),
+    }));
+    assert_eq!(on_n0(), Some(3));
+    // Between beats: two of them were served.
+    r.apply(Event::Waits(Waits {
+        replica: 9,
+        waits: waiting(1),
+    }));
+    assert_eq!(on_n0(), Some(1));
+    r.apply(Event::Waits(Waits {
+        replica: 9,
+        waits: Vec::new(),
+    }));
+    assert_eq!(on_n0().unwrap_or(0), 0);
+}
+
+#[test]
 fn a_busy_warm_node_keeps_the_follow_up_while_waiting_beats_moving() {
     let r = router(2, 1);
     let mut config = (*r.config()).clone();

@@ -11,6 +11,7 @@ pub enum Event {
     Sent(Sent),
     Ended(Ended),
     Alive(Alive),
+    Waits(Waits),
 }
 
 impl Event {
@@ -20,6 +21,7 @@ impl Event {
             Event::Sent(e) => e.replica,
             Event::Ended(e) => e.replica,
             Event::Alive(e) => e.replica,
+            Event::Waits(e) => e.replica,
         }
     }
 }
@@ -74,6 +76,15 @@ pub struct Alive {
     pub waits: Vec<Waiting>,
 }
 
+/// Sent soon after a replica's waiting requests change, between beats: what waits now, as in
+/// [`Alive::waits`]. A beat is 250 ms or more, and a queue listed that long ago has often
+/// moved on: a node would look busy with requests already served.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Waits {
+    pub replica: u64,
+    pub waits: Vec<Waiting>,
+}
+
 /// Requests a replica has waiting for a node, per model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Waiting {
@@ -107,6 +118,10 @@ mod tests {
         let ended = r#"{"event":"ended","replica":7,"run":3,"kept":true}"#;
         let ended: Event = serde_json::from_str(ended).unwrap();
         assert_eq!(ended.replica(), 7);
+        let waits =
+            r#"{"event":"waits","replica":7,"waits":[{"node":"gpu","model":"m","count":2}]}"#;
+        let waits: Event = serde_json::from_str(waits).unwrap();
+        assert_eq!(waits.replica(), 7);
         assert!(serde_json::from_str::<Event>(r#"{"event":"other"}"#).is_err());
     }
 }

@@ -35,6 +35,9 @@ pub struct Shared {
     /// Requests entered among the waiters of the node they wait for, renewed every beat until
     /// they leave.
     pub(super) waiting: parking_lot::Mutex<hashbrown::HashMap<u64, Entered>>,
+    /// A request began or stopped waiting for a node: the background task tells the other
+    /// replicas what waits now ([`super::Waits`]).
+    pub(super) waits_changed: tokio::sync::Notify,
     pub(super) next_run: AtomicU64,
 }
 
@@ -94,6 +97,7 @@ impl Shared {
             published: parking_lot::Mutex::default(),
             leases: parking_lot::Mutex::default(),
             waiting: parking_lot::Mutex::default(),
+            waits_changed: tokio::sync::Notify::new(),
             next_run: AtomicU64::new(1),
         }))
     }
@@ -201,6 +205,9 @@ impl Shared {
                 run.lease = Some(key);
                 // The script took it off this node's waiters; off another's too.
                 let before = self.waiting.lock().remove(&request);
+                if before.is_some() {
+                    self.waits_changed.notify_one();
+                }
                 if let Some(before) = before.filter(|e| e.keys != waiters) {
                     self.leave(before.keys, waiter);
                 }
@@ -215,6 +222,7 @@ impl Shared {
                 };
                 // The script entered it there (or updated its rank); off another node's.
                 let before = self.waiting.lock().insert(request, entered);
+                self.waits_changed.notify_one();
                 if let Some(before) = before.filter(|e| e.keys != waiters) {
                     self.leave(before.keys, waiter);
                 }
@@ -246,6 +254,7 @@ impl Shared {
         if before.as_ref() == Some(&entered) {
             return;
         }
+        self.waits_changed.notify_one();
         let waiter = store::waiter(self.replica, request);
         if let Some(before) = before.filter(|e| e.keys != entered.keys) {
             self.leave(before.keys, waiter.clone());
@@ -257,6 +266,7 @@ impl Shared {
     pub fn unwait(&self, request: u64) {
         let left = self.waiting.lock().remove(&request);
         if let Some(entered) = left {
+            self.waits_changed.notify_one();
             self.leave(entered.keys, store::waiter(self.replica, request));
         }
     }
@@ -280,7 +290,7 @@ impl Shared {
         (self.config.lease / 4).clamp(Duration::from_millis(250), Duration::from_secs(2))
     }
 
-    fn publish(&self, event: Event) {
+    pub(super) fn publish(&self, event: Event) {
         let _ = self.outbox.send(Outgoing::Publish(event));
     }
 }

@@ -16,6 +16,6 @@ mod link;
 mod store;
 mod sync;
 
-pub use event::{Alive, Ended, Event, Sent, Waiting};
+pub use event::{Alive, Ended, Event, Sent, Waiting, Waits};
 pub use link::{Acquired, Run, Shared, Slots, StoreMetrics, metrics};
 pub use sync::{Replica, Service, Syncer};

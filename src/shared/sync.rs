@@ -14,7 +14,7 @@ use pingora_core::services::background::BackgroundService;
 use redis::aio::ConnectionManager;
 use tokio::sync::mpsc;
 
-use super::event::{Alive, Event, Waiting};
+use super::event::{Alive, Event, Waiting, Waits};
 use super::link::{Outgoing, Shared, error_kind, metrics};
 use super::store;
 
@@ -38,6 +38,8 @@ pub trait Replica: Send + Sync + 'static {
 const CALL: Duration = Duration::from_secs(1);
 /// Reconnecting backs off from the first to the second.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+/// Changes to this replica's waiting requests within this long go out in one [`Waits`].
+const WAITS_GATHER: Duration = Duration::from_millis(5);
 /// Facts written to the store expire this long after the last replica wrote them.
 const FACTS_TTL_S: u64 = 24 * 3600;
 
@@ -191,6 +193,17 @@ impl Syncer {
         }
     }
 
+    /// Tells the other replicas what waits here now, once the changes that come together are
+    /// in: in order with this replica's `Sent` and `Ended`, through the same queue.
+    async fn tell_waits(&self) {
+        tokio::time::sleep(WAITS_GATHER).await;
+        let shared = &self.shared;
+        shared.publish(Event::Waits(Waits {
+            replica: shared.replica,
+            waits: self.replica.waits(),
+        }));
+    }
+
     /// Pushes back the deadlines of `entries` (key, member) by `ms`, where they still stand.
     async fn renew(&self, conn: &mut ConnectionManager, entries: &[(String, String)], ms: u64) {
         if entries.is_empty() {
@@ -312,6 +325,7 @@ impl BackgroundService for Service {
         loop {
             tokio::select! {
                 _ = tick.tick() => syncer.beat(&conn).await,
+                _ = syncer.shared.waits_changed.notified() => syncer.tell_waits().await,
                 _ = shutdown.changed() => break,
             }
         }
