@@ -242,9 +242,9 @@ async fn two_replicas_sharing_a_store_act_as_one() {
 /// The bound, under contention: within 0.02 of one replica's warm share. A
 /// measurement, not run in CI: each miss moves a replay's share by 0.028. On this fleet one
 /// replica keeps every follow-up warm. Two sharing kept 421-423 of 432 in four runs of 12
-/// replays when a replica heard what waited in another only at its beats (250 ms or more
-/// apart), the bound missed by about 0.005; told within a few ms of each change, 423-427
-/// (0.984 pooled, within it). The misses are follow-ups moved off their warm node while it
+/// replays when a replica heard what waited in another only at its beats (2 s apart), the
+/// bound missed by about 0.005; told within a few ms of each change, 423-427 (0.984 pooled,
+/// within it). The misses are follow-ups moved off their warm node while it
 /// was busy with a queue, to a node with a free slot. Run with
 /// `cargo test --test replicas -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -417,6 +417,65 @@ async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request
     drop(a);
     assert_eq!(short_chat(&b, "after the crash").await, 200);
     assert_eq!(node.most_open().get(common::MODEL).copied(), Some(1));
+}
+
+/// What a `waits` event on the store's channel says waits for n0, if it is one.
+fn waits_on_n0(payload: &str) -> Option<u64> {
+    let event: serde_json::Value = serde_json::from_str(payload).ok()?;
+    (event["event"] == "waits").then(|| {
+        let waits = event["waits"].as_array().cloned().unwrap_or_default();
+        (waits.iter())
+            .filter(|w| w["node"] == "n0")
+            .filter_map(|w| w["count"].as_u64())
+            .sum()
+    })
+}
+
+/// A request that starts or stops waiting in one replica is told to the others then, not
+/// only in the replica's next beat (2 s with the default lease), which would have them count
+/// a queue already served: the store's event channel carries a `waits` event counting it
+/// waiting, and one without it once it was served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_tells_the_others_what_waits_in_it_when_that_changes() {
+    use futures::StreamExt;
+    let store = Store::start().await;
+    let mut cfg = fast_node("n0");
+    cfg.num_parallel = 1;
+    cfg.decode_per_token = Duration::from_millis(10);
+    let node = start(cfg).await;
+    let a = Router::start(vec![NodeSpec::of(&node, 1)], &store.yaml()).await;
+    let listener = redis::Client::open(store.url()).expect("a url");
+    let mut pubsub = listener.get_async_pubsub().await.expect("connects");
+    pubsub.subscribe("corral:events").await.expect("subscribes");
+    let mut events = pubsub.on_message();
+    let mut next_waits = async || loop {
+        let message = events.next().await.expect("the channel stays open");
+        let payload: String = message.get_payload().unwrap_or_default();
+        if let Some(count) = waits_on_n0(&payload) {
+            return count;
+        }
+    };
+    let within = Duration::from_secs(10);
+
+    let mut running = streaming(&a, "a long answer, please", 100).await;
+    let waiting = tokio::spawn({
+        let url = a.url();
+        async move {
+            let mut body = chat_body(&["a short one".to_string()], false);
+            body["options"] = serde_json::json!({ "num_predict": 5 });
+            let reply = client().post(format!("{url}/api/chat")).json(&body).send();
+            reply.await.map(|r| r.status())
+        }
+    });
+    let told = tokio::time::timeout(within, async { while next_waits().await != 1 {} });
+    told.await
+        .expect("no waits event counted the request waiting in A");
+
+    while running.chunk().await.expect("the stream goes on").is_some() {}
+    assert_eq!(waiting.await.expect("task").expect("a reply"), 200);
+    let told = tokio::time::timeout(within, async { while next_waits().await != 0 {} });
+    told.await
+        .expect("no waits event said the request was served");
 }
 
 /// A chat of `tokens` tokens under `key`, on `router`; returns when its reply ended.

@@ -77,8 +77,8 @@ pub struct Alive {
 }
 
 /// Sent soon after a replica's waiting requests change, between beats: what waits now, as in
-/// [`Alive::waits`]. A beat is 250 ms or more, and a queue listed that long ago has often
-/// moved on: a node would look busy with requests already served.
+/// [`Alive::waits`]. A beat is a quarter of the lease (2 s by default), and a queue listed
+/// that long ago has often moved on: a node would look busy with requests already served.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Waits {
     pub replica: u64,
