@@ -345,23 +345,29 @@ async fn streaming(router: &Router, text: &str, tokens: u32) -> reqwest::Respons
     reply
 }
 
-async fn short_chat(router: &Router, text: &str) -> reqwest::StatusCode {
-    let mut body = chat_body(&[text.to_string()], false);
+async fn short_chat(url: String, text: String) -> reqwest::StatusCode {
+    let mut body = chat_body(&[text], false);
     body["options"] = serde_json::json!({ "num_predict": 5 });
     client()
-        .post(format!("{}/api/chat", router.url()))
+        .post(format!("{url}/api/chat"))
         .json(&body)
         .send()
         .await
         .map_or(reqwest::StatusCode::BAD_GATEWAY, |r| r.status())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request() {
-    let store = Store::start().await;
+/// A stand-in of one slot, decoding 10 ms a token.
+fn one_slot_node() -> corral::standin::StandinConfig {
     let mut cfg = fast_node("n0");
     cfg.num_parallel = 1;
     cfg.decode_per_token = Duration::from_millis(10);
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request() {
+    let store = Store::start().await;
+    let mut cfg = one_slot_node();
     cfg.kind = StandinKind::Ollama;
     cfg.cache_ram_tokens = 50_000;
     let node = start(cfg).await;
@@ -374,17 +380,9 @@ async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request
 
     // A's request holds the one slot; B's waits for it, and is served when A's ends.
     let mut running = streaming(&a, "a long answer, please", 100).await;
-    let waiting = tokio::spawn({
-        let url = b.url();
-        async move {
-            let mut body = chat_body(&["a short one".to_string()], false);
-            body["options"] = serde_json::json!({ "num_predict": 5 });
-            let reply = client().post(format!("{url}/api/chat")).json(&body).send();
-            reply.await.map(|r| r.status())
-        }
-    });
+    let waiting = tokio::spawn(short_chat(b.url(), "a short one".into()));
     while running.chunk().await.expect("the stream goes on").is_some() {}
-    assert_eq!(waiting.await.expect("task").expect("a reply"), 200);
+    assert_eq!(waiting.await.expect("task"), 200);
     assert_eq!(
         node.most_open().get(common::MODEL).copied(),
         Some(1),
@@ -415,7 +413,7 @@ async fn a_slot_another_replica_frees_or_leaves_behind_goes_to_a_waiting_request
     // A dies holding the slot: its lease expires and B, having waited, is served.
     let _held = streaming(&a, "an answer that never ends", 5_000).await;
     drop(a);
-    assert_eq!(short_chat(&b, "after the crash").await, 200);
+    assert_eq!(short_chat(b.url(), "after the crash".into()).await, 200);
     assert_eq!(node.most_open().get(common::MODEL).copied(), Some(1));
 }
 
@@ -439,10 +437,7 @@ fn waits_on_n0(payload: &str) -> Option<u64> {
 async fn a_replica_tells_the_others_what_waits_in_it_when_that_changes() {
     use futures::StreamExt;
     let store = Store::start().await;
-    let mut cfg = fast_node("n0");
-    cfg.num_parallel = 1;
-    cfg.decode_per_token = Duration::from_millis(10);
-    let node = start(cfg).await;
+    let node = start(one_slot_node()).await;
     let a = Router::start(vec![NodeSpec::of(&node, 1)], &store.yaml()).await;
     let listener = redis::Client::open(store.url()).expect("a url");
     let mut pubsub = listener.get_async_pubsub().await.expect("connects");
@@ -458,21 +453,13 @@ async fn a_replica_tells_the_others_what_waits_in_it_when_that_changes() {
     let within = Duration::from_secs(10);
 
     let mut running = streaming(&a, "a long answer, please", 100).await;
-    let waiting = tokio::spawn({
-        let url = a.url();
-        async move {
-            let mut body = chat_body(&["a short one".to_string()], false);
-            body["options"] = serde_json::json!({ "num_predict": 5 });
-            let reply = client().post(format!("{url}/api/chat")).json(&body).send();
-            reply.await.map(|r| r.status())
-        }
-    });
+    let waiting = tokio::spawn(short_chat(a.url(), "a short one".into()));
     let told = tokio::time::timeout(within, async { while next_waits().await != 1 {} });
     told.await
         .expect("no waits event counted the request waiting in A");
 
     while running.chunk().await.expect("the stream goes on").is_some() {}
-    assert_eq!(waiting.await.expect("task").expect("a reply"), 200);
+    assert_eq!(waiting.await.expect("task"), 200);
     let told = tokio::time::timeout(within, async { while next_waits().await != 0 {} });
     told.await
         .expect("no waits event said the request was served");
@@ -504,10 +491,7 @@ struct Keyed {
 
 async fn keyed_replicas() -> Keyed {
     let store = Store::start().await;
-    let mut cfg = fast_node("n0");
-    cfg.num_parallel = 1;
-    cfg.decode_per_token = Duration::from_millis(10);
-    let node = start(cfg).await;
+    let node = start(one_slot_node()).await;
     let keys = "api_keys:\n  - {name: agent, key: k-agent}\n  - {name: person, key: k-person}\n  - {name: filler, key: k-filler}\n";
     let replica = async || {
         let admin = common::free_port();
@@ -640,10 +624,7 @@ async fn with_a_slot_for_every_conversation_two_replicas_keep_every_follow_up_wa
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requests_reaching_two_replicas_at_once_take_one_slot_between_them() {
     let store = Store::start().await;
-    let mut cfg = fast_node("n0");
-    cfg.num_parallel = 1;
-    cfg.decode_per_token = Duration::from_millis(10);
-    let node = start(cfg).await;
+    let node = start(one_slot_node()).await;
     let a = Router::start(vec![NodeSpec::of(&node, 1)], &store.yaml()).await;
     let b = Router::start(vec![NodeSpec::of(&node, 1)], &store.yaml()).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -652,7 +633,7 @@ async fn requests_reaching_two_replicas_at_once_take_one_slot_between_them() {
             format!("round {round}, via A"),
             format!("round {round}, via B"),
         );
-        let (first, second) = tokio::join!(short_chat(&a, &to_a), short_chat(&b, &to_b));
+        let (first, second) = tokio::join!(short_chat(a.url(), to_a), short_chat(b.url(), to_b));
         assert_eq!((first.as_u16(), second.as_u16()), (200, 200));
     }
     assert_eq!(
