@@ -501,7 +501,17 @@ impl CorralProcess {
         std::fs::File::create(&config)
             .and_then(|mut f| f.write_all(yaml.as_bytes()))
             .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
-        let child = Command::new(binary)
+        // corral on CPUs of its own (`taskset -c LIST`), as on a host of its own, where the
+        // bench's clients and stand-ins would otherwise take turns with it for the same cores.
+        let mut command = match std::env::var("CORRAL_BENCH_CPUS") {
+            Ok(cpus) => {
+                let mut taskset = Command::new("taskset");
+                taskset.arg("-c").arg(cpus).arg(binary);
+                taskset
+            }
+            Err(_) => Command::new(binary),
+        };
+        let child = command
             .arg("-c")
             .arg(&config)
             .env(
