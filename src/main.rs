@@ -85,6 +85,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Some(path) => Config::load(Path::new(path))?,
         None => Config::default(),
     };
+    #[cfg(feature = "demo")]
+    let demo = cli.command.is_some();
     let config = match cli.command {
         #[cfg(feature = "demo")]
         Some(Command::Demo { listen }) => demo_config(config, listen)?,
@@ -107,7 +109,14 @@ fn run(cli: Cli) -> Result<(), String> {
             config.nodes.len()
         );
     }
+    // The demo's banner once the server is built: its addresses are then known to be free.
+    #[cfg(feature = "demo")]
+    let banner = demo.then(|| config.clone());
     let server = corral::server::build(config, cli.server.into())?;
+    #[cfg(feature = "demo")]
+    if let Some(config) = banner {
+        print_demo_banner(&config);
+    }
     server.run_forever()
 }
 
@@ -119,7 +128,6 @@ fn demo_config(mut config: Config, listen: String) -> Result<Config, String> {
     // The demo shows scoring from the first request: poll and check often.
     config.poll.interval = std::time::Duration::from_millis(500);
     config.health.interval = std::time::Duration::from_secs(1);
-    print_demo_banner(&config);
     Ok(config)
 }
 

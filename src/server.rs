@@ -27,6 +27,9 @@ const FIRST_LOOK: Duration = Duration::from_secs(2);
 /// Builds a ready-to-run server. `opt` carries Pingora's command-line flags (`-c`, `-d`,
 /// `-t`, `-u`); the configuration file named by `-c` is read by both Pingora and corral.
 pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
+    if !opt.upgrade && !opt.test {
+        check_free(&config)?;
+    }
     let mut server_conf = match &opt.conf {
         Some(_) => ServerConf::load_yaml_with_opt_override(&opt).map_err(|e| e.to_string())?,
         None => ServerConf::new_with_opt_override(&opt).unwrap_or_default(),
@@ -103,6 +106,28 @@ pub fn build(config: Config, mut opt: Opt) -> Result<Server, String> {
     Ok(server)
 }
 
+/// Every address corral listens on must be free, unless it takes the sockets over from a
+/// running corral (`-u`): Pingora retries an address in use for half a minute (it expects an
+/// old process to let go), while clients reach whatever holds it.
+fn check_free(config: &Config) -> Result<(), String> {
+    let addresses = [
+        ("listen", Some(&config.listen)),
+        ("metrics_listen", config.metrics_listen.as_ref()),
+        ("admin_listen", config.admin_listen.as_ref()),
+    ];
+    for (key, address) in addresses {
+        let Some(address) = address else { continue };
+        // Bound and let go at once: only whether it can be.
+        if let Err(e) = std::net::TcpListener::bind(address.as_str()) {
+            return Err(format!(
+                "{key}: cannot listen on {address}: {e} (another corral or server holds it? \
+                 set another address)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Runs the first poll and health check before the listener accepts anything, so that the
 /// first requests are routed on what the nodes say rather than on defaults: nodes that
 /// refuse are down, models are known. Bounded by [`FIRST_LOOK`]: a node that does not
@@ -125,5 +150,28 @@ fn first_look(poller: &Poller, checker: &Checker) {
         Err(_) => {
             log::warn!("first poll and health check not done within {FIRST_LOOK:?}; starting")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_in_use_is_refused_before_anything_starts() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = Config {
+            listen: taken.local_addr().unwrap().to_string(),
+            metrics_listen: None,
+            admin_listen: None,
+            ..Config::default()
+        };
+        let e = check_free(&config).unwrap_err();
+        assert!(
+            e.starts_with(&format!("listen: cannot listen on {}", config.listen)),
+            "{e}"
+        );
+        drop(taken);
+        assert_eq!(check_free(&config), Ok(()));
     }
 }

@@ -116,3 +116,22 @@ fn a_missing_file_is_named() {
         "{err}"
     );
 }
+
+#[test]
+fn an_address_another_server_holds_is_named_and_corral_exits() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let address = taken.local_addr().expect("its address");
+    let (out, _) = corral_with_config(
+        &format!(
+            "listen: {address}\nmetrics_listen: null\nadmin_listen: null\n\
+             nodes:\n  - {{name: a, url: 'http://127.0.0.1:1'}}\n"
+        ),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let says = text(&out.stderr);
+    assert!(
+        says.contains(&format!("listen: cannot listen on {address}")),
+        "{says}"
+    );
+}
