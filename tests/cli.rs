@@ -121,14 +121,38 @@ fn a_missing_file_is_named() {
 fn an_address_another_server_holds_is_named_and_corral_exits() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let address = taken.local_addr().expect("its address");
-    let (out, _) = corral_with_config(
-        &format!(
-            "listen: {address}\nmetrics_listen: null\nadmin_listen: null\n\
-             nodes:\n  - {{name: a, url: 'http://127.0.0.1:1'}}\n"
-        ),
-        &[],
+    let file = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    let yaml = format!(
+        "listen: {address}\nmetrics_listen: null\nadmin_listen: null\n\
+         nodes:\n  - {{name: a, url: 'http://127.0.0.1:1'}}\n"
     );
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    std::fs::write(file.path(), yaml).expect("config written");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_corral"))
+        .arg("-c")
+        .arg(file.path())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("corral runs");
+    // Bounded: a corral that retries the address (as Pingora does) is stopped and fails this.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("corral's status") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("corral still running 10 s after starting on {address}, which is taken");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("corral's output");
+    assert_eq!(status.code(), Some(2), "{out:?}");
     let says = text(&out.stderr);
     assert!(
         says.contains(&format!("listen: cannot listen on {address}")),
