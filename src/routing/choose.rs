@@ -29,9 +29,6 @@ pub struct Request {
     pub now: Instant,
     /// The usual pause between a conversation's turns, seconds, once seen.
     pub pause_s: Option<f64>,
-    /// A node where a conversation opening as this new one does sits in a slot, on
-    /// llama-server: sent there, this one would overwrite it (see `Router::decide`).
-    pub collides_on: Option<u16>,
 }
 
 /// Scores every node in `views` for the request and ranks them best first: live nodes
@@ -79,9 +76,7 @@ pub fn rank<'v>(
             && placement::evicts_busy(request.need, view.memory_total, &view.footprint);
         let warmth = if request.warm_node == Some(view.id) {
             Warmth::HoldsPrefix
-        } else if p.endpoint.generates()
-            && (state.new_conversation_displaces || request.collides_on == Some(view.id))
-        {
+        } else if p.endpoint.generates() && state.new_conversation_displaces {
             Warmth::WouldDisplace
         } else {
             Warmth::Free
@@ -610,7 +605,6 @@ mod tests {
             pin_node: warm_node,
             now: Instant::now(),
             pause_s: None,
-            collides_on: None,
         }
     }
 
@@ -1237,7 +1231,6 @@ mod tests {
                 pin_node: warm.filter(|&id| usize::from(id) < nodes.len()),
                 now,
                 pause_s,
-                collides_on: None,
             };
             let views = snapshot(&nodes, now);
             let Ok(first) = rank(&p, r, &views, &w) else {

@@ -140,12 +140,7 @@ impl Router {
         // A prefix shared with other conversations is not a new conversation's own on
         // llama-server (see [`shared_with_others`]): it draws the request nowhere.
         let keeps_host = located.pin_keeps_host;
-        let shared = (located.pin).filter(|&pin| shared_with_others(p, pin, keeps_host));
-        let pin = located.pin.filter(|_| shared.is_none());
-        // ...and pushes it away from a node where a conversation opening with it sits in a
-        // slot: llama-server would give the new one that slot, the most similar idle one,
-        // and that conversation's next turn would find only the prefix they share.
-        let collides_on = shared.filter(|pin| !pin.in_host).map(|pin| pin.node);
+        let pin = (located.pin).filter(|&pin| !shared_with_others(p, pin, keeps_host));
         // An explicit session key names the node ahead of the prefix chain; the chain still
         // says what is warm there (`pin`, for hit or miss and the slot mirror).
         let warm_node = p
@@ -161,7 +156,6 @@ impl Router {
             pin_node: pin.map(|pin| pin.node),
             now,
             pause_s: self.turn_gaps.pause_s(),
-            collides_on,
         };
         let at = view::Moment {
             now,
