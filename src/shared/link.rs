@@ -204,10 +204,7 @@ impl Shared {
             Some(store::Reply::Granted) => {
                 run.lease = Some(key);
                 // The script took it off this node's waiters; off another's too.
-                let before = self.waiting.lock().remove(&request);
-                if before.is_some() {
-                    self.waits_changed.notify_one();
-                }
+                let before = self.set_waiting(request, None);
                 if let Some(before) = before.filter(|e| e.keys != waiters) {
                     self.leave(before.keys, waiter);
                 }
@@ -221,8 +218,7 @@ impl Shared {
                     rank,
                 };
                 // The script entered it there (or updated its rank); off another node's.
-                let before = self.waiting.lock().insert(request, entered);
-                self.waits_changed.notify_one();
+                let before = self.set_waiting(request, Some(entered));
                 if let Some(before) = before.filter(|e| e.keys != waiters) {
                     self.leave(before.keys, waiter);
                 }
@@ -250,11 +246,10 @@ impl Shared {
             client: client.unwrap_or_default(),
             rank: if rank.is_finite() { rank } else { f64::MAX },
         };
-        let before = self.waiting.lock().insert(request, entered.clone());
+        let before = self.set_waiting(request, Some(entered.clone()));
         if before.as_ref() == Some(&entered) {
             return;
         }
-        self.waits_changed.notify_one();
         let waiter = store::waiter(self.replica, request);
         if let Some(before) = before.filter(|e| e.keys != entered.keys) {
             self.leave(before.keys, waiter.clone());
@@ -264,11 +259,26 @@ impl Shared {
 
     /// `request` waits no more (it ended, or goes on without a lease): off the waiters.
     pub fn unwait(&self, request: u64) {
-        let left = self.waiting.lock().remove(&request);
-        if let Some(entered) = left {
-            self.waits_changed.notify_one();
+        if let Some(entered) = self.set_waiting(request, None) {
             self.leave(entered.keys, store::waiter(self.replica, request));
         }
+    }
+
+    /// Records the node `request` waits for now (`None`: none) and returns where it waited
+    /// before. When that node changed, the background task tells the other replicas what
+    /// waits here ([`super::Waits`]); a new rank at the same node changes no count.
+    fn set_waiting(&self, request: u64, entered: Option<Entered>) -> Option<Entered> {
+        let mut waiting = self.waiting.lock();
+        let before = match entered {
+            Some(entered) => waiting.insert(request, entered),
+            None => waiting.remove(&request),
+        };
+        let moved = before.as_ref().map(|e| &e.keys) != waiting.get(&request).map(|e| &e.keys);
+        drop(waiting);
+        if moved {
+            self.waits_changed.notify_one();
+        }
+        before
     }
 
     fn leave(&self, keys: store::WaiterKeys, waiter: String) {
