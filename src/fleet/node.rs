@@ -77,6 +77,9 @@ pub struct Slot {
     pub busy: u32,
     /// Prompt tokens it holds, as corral estimates them.
     pub tokens: u64,
+    /// The hash of the conversation's first message (a system prompt other conversations
+    /// may open with too); 0 when not known.
+    pub first: u64,
 }
 
 impl Slot {
@@ -587,6 +590,7 @@ mod tests {
                 last_used: Some(before),
                 busy: 0,
                 tokens: 10,
+                first: 0,
             }];
             m.last_success = Some(Instant::now());
         }

@@ -6,7 +6,7 @@ use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::conversation::{PrefixChain, prompt_chain};
+use super::conversation::{PROMPT_BLOCK, PrefixChain, prompt_chain};
 use super::endpoint::Endpoint;
 use super::fields::{self, Fields};
 use super::session::session_hash;
@@ -29,6 +29,9 @@ pub struct Profile {
     pub num_ctx: Option<u32>,
     /// Estimated prompt tokens (text and images).
     pub prompt_tokens: u32,
+    /// Estimated tokens of the first message (or system text, or first prompt block): the
+    /// part other conversations opening with it share. 0 where not known.
+    pub first_tokens: u32,
     pub images: u32,
     /// Prefix hashes over message boundaries (chat) or prompt blocks (generate). Empty past
     /// the model for endpoints that keep no cache (embeddings, show).
@@ -101,7 +104,10 @@ impl Profile {
             Endpoint::OpenAiResponses => parsed.instructions,
             _ => None,
         };
+        // The first boundary's text: what conversations opening alike share.
+        let mut first_bytes = 0usize;
         if let Some(system) = leading_system {
+            first_bytes = system.len();
             text_bytes += system.len();
             chain.push(&[b"system", system.as_bytes(), b""]);
         }
@@ -111,9 +117,12 @@ impl Profile {
             images = saturating_u32(count(&INPUT_IMAGE, input));
             follow_up = responses_input_chain(input, &mut chain)?;
         } else if let Some(messages) = &parsed.messages {
-            for m in messages {
+            for (i, m) in messages.iter().enumerate() {
                 let content = m.content.unwrap_or_default();
                 let tools = m.tool_calls.unwrap_or_default();
+                if i == 0 && leading_system.is_none() {
+                    first_bytes = content.len() + tools.len();
+                }
                 text_bytes += content.len() + tools.len();
                 let message_images = m.images.as_ref().map_or(0, Vec::len);
                 // OpenAI and Anthropic carry images as content parts.
@@ -133,6 +142,7 @@ impl Profile {
             let system = parsed.system.map(str::as_bytes);
             let prompt = parsed.prompt.map_or(&b""[..], str::as_bytes);
             text_bytes += system.map_or(0, <[u8]>::len) + prompt.len();
+            first_bytes = system.map_or(prompt.len().min(PROMPT_BLOCK), <[u8]>::len);
             chain = prompt_chain(&model_key, system, prompt);
         }
         if let Some(top) = parsed.images {
@@ -144,6 +154,7 @@ impl Profile {
         let session = explicit_session(endpoint, &parsed).map(|key| session_hash(&model_key, &key));
         let prompt_tokens = saturating_u32(text_bytes.div_ceil(BYTES_PER_TOKEN))
             .saturating_add(images.saturating_mul(TOKENS_PER_IMAGE));
+        let first_tokens = saturating_u32(first_bytes.div_ceil(BYTES_PER_TOKEN)).min(prompt_tokens);
         let conversation = chain.hashes.get(1).copied().unwrap_or(chain.last());
         Ok(Profile {
             endpoint,
@@ -152,6 +163,7 @@ impl Profile {
             stream,
             num_ctx,
             prompt_tokens,
+            first_tokens,
             images,
             chain,
             follow_up,
@@ -173,6 +185,7 @@ impl Profile {
             stream: false,
             num_ctx: None,
             prompt_tokens: 0,
+            first_tokens: 0,
             images: 0,
             chain,
             follow_up: false,
@@ -244,6 +257,7 @@ impl Profile {
             stream: true,
             num_ctx: None,
             prompt_tokens: 0,
+            first_tokens: 0,
             images: 0,
             chain: PrefixChain::default(),
             follow_up: false,
@@ -390,6 +404,26 @@ mod tests {
         );
         assert_eq!(t1.conversation, t2.conversation);
         assert!(t2.chain.hashes.contains(&t1.chain.last()));
+    }
+
+    #[test]
+    fn the_first_message_is_sized_for_what_conversations_opening_alike_share() {
+        let system = "s".repeat(4_000);
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},
+               {{"role":"user","content":"{}"}}]}}"#,
+            "u".repeat(400)
+        );
+        let p = chat(&body);
+        // Each content is counted with its quotes, as in `prompt_tokens`.
+        assert_eq!((p.first_tokens, p.prompt_tokens), (1_001, 1_101));
+        // A plain prompt shares its system text, else its first block.
+        let body = format!(r#"{{"model":"m","system":"{system}","prompt":"hi"}}"#);
+        let p = Profile::parse(Endpoint::Generate, body.as_bytes()).unwrap();
+        assert_eq!(p.first_tokens, 1_001);
+        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "a".repeat(3000));
+        let p = Profile::parse(Endpoint::Generate, body.as_bytes()).unwrap();
+        assert_eq!(p.first_tokens, 256);
     }
 
     #[test]

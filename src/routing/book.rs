@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use hashbrown::HashMap;
 
 use super::router::{Placing, Router};
-use super::slots::{SlotPolicy, choose_slot, first_freed_since};
+use super::slots::{Opening, SlotPolicy, choose_slot, first_freed_since};
 use super::{AffinityResult, Candidate, Decision, Entry, HostProbe};
 use crate::fleet::kind::Counting;
 use crate::fleet::reply::{Reading, ReplyStats};
@@ -163,6 +163,13 @@ impl Router {
         let settings = node.settings();
         let parallel = node.parallel();
         let tokens = u64::from(p.prompt_tokens);
+        let first = p.chain.hashes.get(1).copied().unwrap_or(0);
+        let first_tokens = u64::from(p.first_tokens);
+        let opening = Opening {
+            first,
+            first_tokens,
+            tokens,
+        };
         let mut unseen = false;
         let mut first_sent_before = false;
         let (index, lineage) = node.books(|books| {
@@ -210,7 +217,8 @@ impl Router {
                             .iter()
                             .position(|s| s.lineage == pin.lineage && s.busy == 0)
                     });
-                let chosen = forked.or_else(|| choose_slot(&state.slots, policy, now, self.ttl()));
+                let chosen =
+                    forked.or_else(|| choose_slot(&state.slots, policy, &opening, now, self.ttl()));
                 let index = chosen.unwrap_or_else(|| {
                     state.slots.push(Slot::default());
                     state.slots.len() - 1
@@ -222,6 +230,8 @@ impl Router {
                 lineage,
                 depth: p.chain.depth(),
                 tokens,
+                first,
+                first_tokens,
             };
             occupy(state, index, held, now);
             (index, lineage)
@@ -260,6 +270,7 @@ impl Router {
                 lineage,
                 depth,
                 tokens,
+                first_tokens,
                 prefixes: dispatch.remembered.clone(),
                 session: p.session,
                 client: None,
@@ -368,6 +379,19 @@ pub(super) struct Held {
     pub lineage: u64,
     pub depth: usize,
     pub tokens: u64,
+    /// Its first message's hash and estimated tokens (see [`Opening`]).
+    pub first: u64,
+    pub first_tokens: u64,
+}
+
+impl Held {
+    fn opening(&self) -> Opening {
+        Opening {
+            first: self.first,
+            first_tokens: self.first_tokens,
+            tokens: self.tokens,
+        }
+    }
 }
 
 /// Puts a request in slot `index` of the mirror (made long enough to have it).
@@ -376,9 +400,13 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
         state.slots.resize(index + 1, Slot::default());
     }
     // The conversation the slot held is saved to host memory (llama-server's prompt cache;
-    // the old runner's cache, learned empty, keeps nothing).
+    // the old runner's cache, learned empty, keeps nothing), unless the request keeps at
+    // least half of it: one opening alike with a long first message.
     let displaced = &state.slots[index];
-    if displaced.lineage != 0 && displaced.lineage != held.lineage {
+    if displaced.lineage != 0
+        && displaced.lineage != held.lineage
+        && held.opening().saves(displaced)
+    {
         let saved = displaced.saved(now);
         state.warm.host.save(saved);
     }
@@ -388,6 +416,7 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
     slot.last_used = Some(now);
     slot.busy += 1;
     slot.tokens = held.tokens;
+    slot.first = held.first;
     // Once a task has its slot, llama-server copies every idle slot's conversation into its
     // host cache (`--cache-idle-slots`, on by default with a host cache:
     // `server-context.cpp`, after `launch_slot_with_task`). The copies take room there and

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::slots::{SlotPolicy, choose_slot, is_warm};
+use super::slots::{Opening, SlotPolicy, choose_slot, is_warm};
 use super::{HostProbe, Pin, Router};
 use crate::fleet::warm::HostPlace;
 use crate::request::Profile;
@@ -36,6 +36,11 @@ impl Router {
     pub(super) fn locate(&self, p: &Profile, peer_capacity: Option<u64>) -> Located {
         let mut found = Located::default();
         let now = Instant::now();
+        let opening = Opening {
+            first: p.chain.hashes.get(1).copied().unwrap_or(0),
+            first_tokens: u64::from(p.first_tokens),
+            tokens: u64::from(p.prompt_tokens),
+        };
         for depth in (1..=p.chain.depth()).rev() {
             let hash = p.chain.hashes[depth];
             let Some(entry) = self.affinity.peek(hash) else {
@@ -55,15 +60,31 @@ impl Router {
                         .map(|(i, s)| Place::Slot(s.depth, i < slots));
                     let place = in_slot.or_else(|| {
                         // The slot the node restores it into: llama-server's choice for a
-                        // prompt no slot holds.
+                        // prompt no slot holds. An idle one holding a conversation that opens
+                        // alike is taken for that opening, as it is where the request keeps
+                        // half of what it holds: then nothing is restored.
                         let policy = SlotPolicy::LeastRecentlyUsed;
-                        let taken = choose_slot(&state.slots, policy, now, self.ttl())
-                            .and_then(|i| state.slots.get(i))
-                            .map(|s| s.saved(now));
+                        let chosen = choose_slot(&state.slots, policy, &opening, now, self.ttl());
+                        let taken = chosen.and_then(|i| Some((i, state.slots.get(i)?)));
+                        let alike = taken
+                            .filter(|(_, s)| opening.draws_to(s) && is_warm(s, now, self.ttl()))
+                            .map(|(i, s)| (s.lineage, i < slots));
+                        let opening_only = |lost| {
+                            alike.map(|(lineage, expected)| Place::Opening {
+                                lineage,
+                                expected,
+                                lost,
+                            })
+                        };
+                        if taken.is_some_and(|(_, s)| !opening.saves(s)) {
+                            return opening_only(false);
+                        }
+                        let saved = taken.map(|(_, s)| s.saved(now));
                         let host = &state.warm.host;
-                        let place =
-                            host.place(entry.lineage, peer_capacity, slots, taken.as_ref())?;
-                        Some(Place::Host(place))
+                        match host.place(entry.lineage, peer_capacity, slots, saved.as_ref()) {
+                            Some(place) => Some(Place::Host(place)),
+                            None => opening_only(true),
+                        }
                     })?;
                     Some((place, keeps_host))
                 })
@@ -75,6 +96,28 @@ impl Router {
             };
             let (slot_depth, in_host, expected) = match place {
                 Place::Slot(slot_depth, seen) => (slot_depth, false, seen),
+                Place::Opening {
+                    lineage,
+                    expected,
+                    lost,
+                } => {
+                    // The node gives the request that slot: the opening they share is
+                    // warm there, and only that.
+                    if lost {
+                        found.stale.push(hash);
+                    }
+                    found.pin = Some(Pin {
+                        node: entry.node,
+                        lineage,
+                        depth: 1,
+                        continues: false,
+                        in_host: false,
+                        expected,
+                    });
+                    found.pin_keeps_host = keeps_host;
+                    found.went_cold = true;
+                    return found;
+                }
                 Place::Host(place) => {
                     if found.probe.is_none() {
                         found.probe = Some(HostProbe {
@@ -114,4 +157,13 @@ enum Place {
     Slot(usize, bool),
     /// In the host-cache mirror.
     Host(HostPlace),
+    /// Gone from its slot, but the node would give the request an idle slot holding a
+    /// conversation that opens alike (`lineage`) without restoring it: only the opening
+    /// they share is warm there now. `lost` when the host cache does not hold it either;
+    /// `expected` as for [`Place::Slot`].
+    Opening {
+        lineage: u64,
+        expected: bool,
+        lost: bool,
+    },
 }

@@ -159,6 +159,9 @@ impl Router {
                 lineage: sent.lineage,
                 depth: sent.depth,
                 tokens: sent.tokens,
+                // The last prefix remembered is its first message (see `Router::commit`).
+                first: sent.prefixes.last().copied().unwrap_or(0),
+                first_tokens: sent.first_tokens,
             };
             occupy(state, sent.slot, held, Instant::now());
             // Its first message, the last prefix remembered (see `Router::commit`), was sent

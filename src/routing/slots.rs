@@ -12,6 +12,37 @@ pub(super) fn is_warm(slot: &Slot, now: Instant, ttl: Duration) -> bool {
     slot.lineage != 0 && slot.last_used.is_some_and(|t| now.duration_since(t) <= ttl)
 }
 
+/// How a prompt opens, for llama-server's similarity rule: conversations opening with the
+/// same first message (a system prompt) share that much of each other's prompts.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Opening {
+    /// The hash of the first message; 0 when the prompt has none.
+    pub first: u64,
+    /// Estimated tokens of the first message, and of the whole prompt.
+    pub first_tokens: u64,
+    pub tokens: u64,
+}
+
+impl Opening {
+    /// Whether llama-server would give the prompt `slot`, idle, for what it shares: the
+    /// common prefix must exceed a tenth of the prompt (its default
+    /// `--slot-prompt-similarity`). Prompts opening differently share only a chat template's
+    /// first tokens, below that.
+    pub fn draws_to(&self, slot: &Slot) -> bool {
+        self.opens_like(slot) && self.first_tokens * 10 > self.tokens
+    }
+
+    /// Whether the slot's conversation is saved to the host cache when the prompt takes the
+    /// slot: llama-server saves it unless the prompt keeps at least half of it.
+    pub fn saves(&self, slot: &Slot) -> bool {
+        !self.opens_like(slot) || self.first_tokens * 2 < slot.tokens
+    }
+
+    fn opens_like(&self, slot: &Slot) -> bool {
+        self.first != 0 && slot.lineage != 0 && slot.first == self.first
+    }
+}
+
 /// How a node's runner chooses the slot of a prompt that continues none: Ollama's
 /// `OLLAMA_MULTIUSER_CACHE` setting (`nodes[].multiuser_cache`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,15 +52,17 @@ pub(super) enum SlotPolicy {
     /// something, so that is the first idle slot holding a conversation, never an empty
     /// one while such a slot is idle.
     LongestPrefix,
-    /// Multi-user cache, and llama.cpp's server: an empty slot, else the least recently
-    /// used idle one.
+    /// Multi-user cache, and llama.cpp's server: the idle slot that shares the most of the
+    /// prompt, if more than a tenth; else an empty slot, else the least recently used idle
+    /// one.
     LeastRecentlyUsed,
 }
 
 impl SlotPolicy {
     /// The old Ollama runner without the multi-user cache takes the longest prefix;
-    /// llama-server (Ollama 0.30 and later, llama.cpp) an empty slot, else the least
-    /// recently used. A node of unknown kind is taken for current Ollama.
+    /// llama-server (Ollama 0.30 and later, llama.cpp) the most similar, else an empty
+    /// slot, else the least recently used. A node of unknown kind is taken for current
+    /// Ollama.
     pub(super) fn of(kind: &KindState, settings: &NodeConfig) -> SlotPolicy {
         let legacy = kind.kind == NodeKind::OllamaLegacy;
         if legacy && !settings.multiuser_cache {
@@ -68,6 +101,10 @@ pub(super) fn displaces_warm(
 /// The slot the node gives a prompt that continues no conversation it holds, in the
 /// mirror; `None` when the old runner's every known slot is busy.
 ///
+/// llama-server first looks for an idle slot sharing more than a tenth of the prompt,
+/// which the mirror sees as one holding a conversation that opens alike (the first such,
+/// since they share as much; `server-context.cpp`, `get_available_slot`).
+///
 /// A request that finds every slot corral knows of busy was sent past them (a probe): the
 /// node runs it in a slot corral has not seen, or queues it until one frees. llama-server
 /// saves the conversation of the slot it then takes into host memory, which taking the
@@ -78,6 +115,7 @@ pub(super) fn displaces_warm(
 pub(super) fn choose_slot(
     slots: &[Slot],
     policy: SlotPolicy,
+    opening: &Opening,
     now: Instant,
     ttl: Duration,
 ) -> Option<usize> {
@@ -93,7 +131,9 @@ pub(super) fn choose_slot(
             first_idle(true).or_else(|| first_idle(false))
         }
         SlotPolicy::LeastRecentlyUsed => {
-            let cold = slots.iter().position(|s| !is_warm(s, now, ttl));
+            let similar = (slots.iter())
+                .position(|s| s.busy == 0 && is_warm(s, now, ttl) && opening.draws_to(s));
+            let cold = || slots.iter().position(|s| !is_warm(s, now, ttl));
             let lru = |idle_only: bool| {
                 slots
                     .iter()
@@ -102,7 +142,10 @@ pub(super) fn choose_slot(
                     .min_by_key(|(_, s)| s.last_used)
                     .map(|(i, _)| i)
             };
-            cold.or_else(|| lru(true)).or_else(|| lru(false))
+            similar
+                .or_else(cold)
+                .or_else(|| lru(true))
+                .or_else(|| lru(false))
         }
     }
 }
@@ -131,6 +174,7 @@ mod tests {
             last_used: freed_ms.map(|ms| sent + Duration::from_millis(ms)),
             busy,
             tokens: 10,
+            first: 0,
         };
         let before = Slot {
             last_used: sent.checked_sub(Duration::from_millis(5)),
@@ -163,30 +207,38 @@ mod tests {
             last_used: Some(now),
             busy,
             tokens: 10,
+            first: 0,
         };
+        let none = Opening::default();
         let slots = [slot(0, 0), slot(7, 1), slot(8, 0), slot(9, 0)];
         assert_eq!(
-            choose_slot(&slots, SlotPolicy::LongestPrefix, now, ttl),
+            choose_slot(&slots, SlotPolicy::LongestPrefix, &none, now, ttl),
             Some(2)
         );
         assert_eq!(
-            choose_slot(&slots, SlotPolicy::LeastRecentlyUsed, now, ttl),
+            choose_slot(&slots, SlotPolicy::LeastRecentlyUsed, &none, now, ttl),
             Some(0)
         );
         let all_busy_or_empty = [slot(7, 1), slot(0, 0)];
         assert_eq!(
-            choose_slot(&all_busy_or_empty, SlotPolicy::LongestPrefix, now, ttl),
+            choose_slot(
+                &all_busy_or_empty,
+                SlotPolicy::LongestPrefix,
+                &none,
+                now,
+                ttl
+            ),
             Some(1)
         );
         // Every slot busy: on the old runner a probe past them takes none of theirs; on
         // llama-server the least recently used, whose conversation goes to host memory.
         let all_busy = [slot(7, 1), slot(8, 1)];
         assert_eq!(
-            choose_slot(&all_busy, SlotPolicy::LongestPrefix, now, ttl),
+            choose_slot(&all_busy, SlotPolicy::LongestPrefix, &none, now, ttl),
             None
         );
         assert_eq!(
-            choose_slot(&all_busy, SlotPolicy::LeastRecentlyUsed, now, ttl),
+            choose_slot(&all_busy, SlotPolicy::LeastRecentlyUsed, &none, now, ttl),
             Some(0)
         );
 
@@ -212,5 +264,53 @@ mod tests {
             vec![slot(7, 1), slot(8, 0)],
             SlotPolicy::LeastRecentlyUsed
         ));
+    }
+
+    #[test]
+    fn on_llama_server_a_prompt_takes_an_idle_slot_opening_alike_before_an_empty_one() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(300);
+        let slot = |lineage, first, busy, tokens| Slot {
+            lineage,
+            depth: 2,
+            last_used: Some(now),
+            busy,
+            tokens,
+            first,
+        };
+        // A prompt of 1,200 tokens opening with a 1,000-token system prompt (hash 5).
+        let opening = Opening {
+            first: 5,
+            first_tokens: 1_000,
+            tokens: 1_200,
+        };
+        let lru = SlotPolicy::LeastRecentlyUsed;
+        let slots = [slot(0, 0, 0, 0), slot(7, 5, 1, 1_100), slot(8, 5, 0, 1_100)];
+        assert_eq!(choose_slot(&slots, lru, &opening, now, ttl), Some(2));
+        // Its conversation keeps more than half of what slot 2 holds: not saved. Of a
+        // conversation more than twice as long as the system prompt, less: saved.
+        assert!(!opening.saves(&slots[2]));
+        assert!(opening.saves(&slot(8, 5, 0, 2_500)));
+        // Opening otherwise, or with a first message under a tenth of the prompt: the
+        // empty slot, as before, and whatever a slot holds is saved.
+        let other = Opening {
+            first: 6,
+            ..opening
+        };
+        assert_eq!(choose_slot(&slots, lru, &other, now, ttl), Some(0));
+        assert!(other.saves(&slots[2]));
+        let short = Opening {
+            first_tokens: 100,
+            ..opening
+        };
+        assert!(!short.draws_to(&slots[2]));
+        assert_eq!(choose_slot(&slots, lru, &short, now, ttl), Some(0));
+        // A prompt with no first message is drawn nowhere; the old runner keeps its rule.
+        let unknown = Opening::default();
+        assert!(!unknown.draws_to(&slot(8, 0, 0, 1_100)));
+        assert_eq!(
+            choose_slot(&slots, SlotPolicy::LongestPrefix, &opening, now, ttl),
+            Some(2)
+        );
     }
 }

@@ -284,6 +284,50 @@ fn a_new_conversation_is_not_pulled_to_llama_server_by_a_system_prompt_it_shares
 }
 
 #[test]
+fn on_llama_server_a_conversation_opening_alike_takes_the_idle_slot_of_another() {
+    let system = "s".repeat(4_000);
+    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
+    // "b" shares a's 1,000-token system prompt, most of a's prompt: llama-server gives it
+    // a's idle slot, though the other is empty, and does not save "a", which it keeps half of.
+    serve(&r, &chat_after(&system, &["a"]), 0);
+    serve(&r, &chat_after(&system, &["b"]), 0);
+    let d = r.decide(&chat_after(&system, &["a", "r", "more"])).unwrap();
+    assert_eq!(
+        d.pin.map(|p| (p.depth, p.continues, p.in_host)),
+        Some((1, false, false)),
+        "only the system prompt is warm for a's next turn"
+    );
+
+    // A conversation four times as long as its system prompt is saved when "b" takes its
+    // slot; but while b's slot is idle llama-server gives c's next turn that slot as it is,
+    // and restores nothing.
+    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
+    let long = "x".repeat(12_000);
+    serve(&r, &chat_after(&system, &[&long]), 0);
+    serve(&r, &chat_after(&system, &["b"]), 0);
+    let follow_up = chat_after(&system, &[&long, "r", "more"]);
+    let d = r.decide(&follow_up).unwrap();
+    assert_eq!(
+        d.pin.map(|p| (p.node, p.depth, p.in_host)),
+        Some((0, 1, false)),
+        "only the system prompt, in b's slot"
+    );
+    // With b's slot busy, "c" is restored from host memory into the other.
+    let b_next = chat_after(&system, &["b", "r", "again"]);
+    let decision = r.decide(&b_next).unwrap();
+    let busy = r
+        .try_dispatch(&r.fleet.nodes()[0], &b_next)
+        .unwrap()
+        .commit(&b_next, &decision, &r.placement());
+    let d = r.decide(&follow_up).unwrap();
+    assert_eq!(d.pin.map(|p| (p.node, p.in_host)), Some((0, true)));
+    busy.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+}
+
+#[test]
 fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
     let r = legacy_router(1, 1, false);
     serve(&r, &chat(&["a"]), 0);
@@ -656,6 +700,7 @@ fn a_system_prompt_another_replica_sent_to_a_node_teaches_it_no_cold_rate() {
         lineage: 1,
         depth: theirs.chain.depth(),
         tokens: 1010,
+        first_tokens: 1000,
         prefixes: vec![theirs.chain.last(), theirs.chain.hashes[1]],
         session: None,
         client: None,

@@ -345,6 +345,7 @@ mod tests {
             last_used: Some(now - Duration::from_millis(age_ms)),
             busy,
             tokens,
+            first: 0,
         };
         // 8,000 tokens without a first byte for 2 s allow 4,000 a second, for 4 s 2,000:
         // the tighter bound counts. Idle slots and empty ones show nothing.

@@ -41,6 +41,9 @@ pub struct Sent {
     pub depth: usize,
     /// Prompt tokens, as estimated.
     pub tokens: u64,
+    /// Estimated tokens of its first message, which conversations opening alike share.
+    #[serde(default)]
+    pub first_tokens: u64,
     /// Prefix hashes now warm there: the conversation's deepest, then its first boundary
     /// where that is another (so the last is always its first message).
     pub prefixes: Vec<u64>,
@@ -108,6 +111,7 @@ mod tests {
             lineage: 99,
             depth: 2,
             tokens: 1200,
+            first_tokens: 800,
             prefixes: vec![5, 6],
             session: None,
             client: Some("key:team-a".into()),
