@@ -63,7 +63,7 @@ impl Router {
                         // prompt no slot holds. An idle one holding a conversation that opens
                         // alike is taken for that opening, as it is where the request keeps
                         // half of what it holds: then nothing is restored.
-                        let policy = SlotPolicy::LeastRecentlyUsed;
+                        let policy = SlotPolicy::MostSimilar;
                         let chosen = choose_slot(&state.slots, policy, &opening, now, self.ttl());
                         let taken = chosen.and_then(|i| Some((i, state.slots.get(i)?)));
                         let alike = taken

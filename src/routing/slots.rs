@@ -52,10 +52,13 @@ pub(super) enum SlotPolicy {
     /// something, so that is the first idle slot holding a conversation, never an empty
     /// one while such a slot is idle.
     LongestPrefix,
-    /// Multi-user cache, and llama.cpp's server: the idle slot that shares the most of the
-    /// prompt, if more than a tenth; else an empty slot, else the least recently used idle
-    /// one.
+    /// The old runner's multi-user cache: an empty slot, else the least recently used idle
+    /// one, into which the part a prompt shares with another slot is copied
+    /// (`findBestCacheSlot`).
     LeastRecentlyUsed,
+    /// llama-server: the idle slot sharing the most of the prompt, if more than a tenth of
+    /// it; else as [`SlotPolicy::LeastRecentlyUsed`].
+    MostSimilar,
 }
 
 impl SlotPolicy {
@@ -64,11 +67,13 @@ impl SlotPolicy {
     /// slot, else the least recently used. A node of unknown kind is taken for current
     /// Ollama.
     pub(super) fn of(kind: &KindState, settings: &NodeConfig) -> SlotPolicy {
-        let legacy = kind.kind == NodeKind::OllamaLegacy;
-        if legacy && !settings.multiuser_cache {
-            SlotPolicy::LongestPrefix
-        } else {
-            SlotPolicy::LeastRecentlyUsed
+        match (
+            kind.kind == NodeKind::OllamaLegacy,
+            settings.multiuser_cache,
+        ) {
+            (true, false) => SlotPolicy::LongestPrefix,
+            (true, true) => SlotPolicy::LeastRecentlyUsed,
+            (false, _) => SlotPolicy::MostSimilar,
         }
     }
 }
@@ -92,7 +97,7 @@ pub(super) fn displaces_warm(
                 .iter()
                 .any(|s| warm(s) && (s.busy == 0 || all_busy))
         }
-        SlotPolicy::LeastRecentlyUsed => {
+        SlotPolicy::LeastRecentlyUsed | SlotPolicy::MostSimilar => {
             state.slots.len() >= parallel && state.slots.iter().all(warm)
         }
     }
@@ -130,9 +135,13 @@ pub(super) fn choose_slot(
             };
             first_idle(true).or_else(|| first_idle(false))
         }
-        SlotPolicy::LeastRecentlyUsed => {
-            let similar = (slots.iter())
-                .position(|s| s.busy == 0 && is_warm(s, now, ttl) && opening.draws_to(s));
+        SlotPolicy::LeastRecentlyUsed | SlotPolicy::MostSimilar => {
+            let similar = (policy == SlotPolicy::MostSimilar)
+                .then(|| {
+                    (slots.iter())
+                        .position(|s| s.busy == 0 && is_warm(s, now, ttl) && opening.draws_to(s))
+                })
+                .flatten();
             let cold = || slots.iter().position(|s| !is_warm(s, now, ttl));
             let lru = |idle_only: bool| {
                 slots
@@ -284,9 +293,15 @@ mod tests {
             first_tokens: 1_000,
             tokens: 1_200,
         };
-        let lru = SlotPolicy::LeastRecentlyUsed;
+        let llama_server = SlotPolicy::MostSimilar;
         let slots = [slot(0, 0, 0, 0), slot(7, 5, 1, 1_100), slot(8, 5, 0, 1_100)];
-        assert_eq!(choose_slot(&slots, lru, &opening, now, ttl), Some(2));
+        assert_eq!(
+            choose_slot(&slots, llama_server, &opening, now, ttl),
+            Some(2)
+        );
+        // The old runner's multi-user cache copies the shared part into an empty slot.
+        let multiuser = SlotPolicy::LeastRecentlyUsed;
+        assert_eq!(choose_slot(&slots, multiuser, &opening, now, ttl), Some(0));
         // Its conversation keeps more than half of what slot 2 holds: not saved. Of a
         // conversation more than twice as long as the system prompt, less: saved.
         assert!(!opening.saves(&slots[2]));
@@ -297,14 +312,14 @@ mod tests {
             first: 6,
             ..opening
         };
-        assert_eq!(choose_slot(&slots, lru, &other, now, ttl), Some(0));
+        assert_eq!(choose_slot(&slots, llama_server, &other, now, ttl), Some(0));
         assert!(other.saves(&slots[2]));
         let short = Opening {
             first_tokens: 100,
             ..opening
         };
         assert!(!short.draws_to(&slots[2]));
-        assert_eq!(choose_slot(&slots, lru, &short, now, ttl), Some(0));
+        assert_eq!(choose_slot(&slots, llama_server, &short, now, ttl), Some(0));
         // A prompt with no first message is drawn nowhere; the old runner keeps its rule.
         let unknown = Opening::default();
         assert!(!unknown.draws_to(&slot(8, 0, 0, 1_100)));
