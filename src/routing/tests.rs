@@ -328,6 +328,37 @@ fn on_llama_server_a_conversation_opening_alike_takes_the_idle_slot_of_another()
 }
 
 #[test]
+fn a_conversation_another_replica_sends_opening_alike_pushes_ours_out_unsaved() {
+    use crate::shared::{Event, Replica, Sent};
+    let system = "s".repeat(4_000);
+    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
+    serve(&r, &chat_after(&system, &["a"]), 0);
+    // Another replica's conversation, opening with the same system prompt, took a's idle
+    // slot; its first message is most of what the slot held, so a was not saved.
+    let theirs = chat_after(&system, &["b"]);
+    r.apply(Event::Sent(Sent {
+        replica: 9,
+        run: 1,
+        node: "n0".into(),
+        model: MODEL.into(),
+        slot: 0,
+        lineage: 1 << 40,
+        depth: theirs.chain.depth(),
+        tokens: u64::from(theirs.prompt_tokens),
+        first_tokens: u64::from(theirs.first_tokens),
+        prefixes: vec![theirs.chain.last(), theirs.chain.hashes[1]],
+        session: None,
+        client: None,
+    }));
+    let d = r.decide(&chat_after(&system, &["a", "r", "more"])).unwrap();
+    assert_eq!(
+        d.pin.map(|p| (p.depth, p.in_host)),
+        Some((1, false)),
+        "only the system prompt is warm for a's next turn"
+    );
+}
+
+#[test]
 fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
     let r = legacy_router(1, 1, false);
     serve(&r, &chat(&["a"]), 0);
