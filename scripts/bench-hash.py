@@ -16,6 +16,11 @@ Usage: scripts/bench-hash.py [--bench PATH] [--corral NAME=PATH ...] [--seeds 5]
 --corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
 builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
 turn with the hash for every seed, so they share the machine's state.
+
+Beside the medians, the warm-share column gives each build's difference from the hash seed by
+seed, its mean and standard error: a rerun of one seed can move by several points (the order in
+which turns reach the nodes decides what their host caches push out), so a median over five
+seeds can miss a 2-point bound by chance; the paired difference says how sure the verdict is.
 """
 import argparse
 import json
@@ -132,12 +137,22 @@ def goals(kind, mine, hashed):
     verdict = lambda ok: "met" if ok else "**missed**"
     slack = 5.0 if kind == "ollama-legacy" else 2.0
     cols = [f"{med(mine['warm']):.1f} vs {med(hashed['warm']):.1f}: "
-            f"{verdict(med(mine['warm']) >= med(hashed['warm']) - slack)}"]
+            f"{verdict(med(mine['warm']) >= med(hashed['warm']) - slack)} "
+            f"(per seed {paired(mine['warm'], hashed['warm'])})"]
     for key in ("p50", "p90", "mean", "wall"):
         ratio = med(mine[key]) / max(1e-9, med(hashed[key]))
         cols.append(f"{ratio:.2f}x: {verdict(ratio <= 1.1)}")
     cols.append(f"{sum(mine['errors']):.0f}: {verdict(sum(mine['errors']) == 0)}")
     return cols
+
+
+def paired(mine, theirs):
+    """The mean difference seed by seed, with its standard error where there are two or more."""
+    diffs = [m - t for m, t in zip(mine, theirs)]
+    mean = statistics.mean(diffs)
+    if len(diffs) < 2:
+        return f"{mean:+.1f}"
+    return f"{mean:+.1f} ± {statistics.stdev(diffs) / len(diffs) ** 0.5:.1f}"
 
 
 if __name__ == "__main__":
