@@ -327,29 +327,36 @@ fn on_llama_server_a_conversation_opening_alike_takes_the_idle_slot_of_another()
     });
 }
 
-#[test]
-fn a_conversation_another_replica_sends_opening_alike_pushes_ours_out_unsaved() {
-    use crate::shared::{Event, Replica, Sent};
-    let system = "s".repeat(4_000);
-    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
-    serve(&r, &chat_after(&system, &["a"]), 0);
-    // Another replica's conversation, opening with the same system prompt, took a's idle
-    // slot; its first message is most of what the slot held, so a was not saved.
-    let theirs = chat_after(&system, &["b"]);
-    r.apply(Event::Sent(Sent {
+/// What another replica tells of a chat it sent to node n0's slot 0 as `lineage`.
+fn sent_by_another_replica(p: &Profile, lineage: u64) -> crate::shared::Sent {
+    crate::shared::Sent {
         replica: 9,
         run: 1,
         node: "n0".into(),
         model: MODEL.into(),
         slot: 0,
-        lineage: 1 << 40,
-        depth: theirs.chain.depth(),
-        tokens: u64::from(theirs.prompt_tokens),
-        first_tokens: u64::from(theirs.first_tokens),
-        prefixes: vec![theirs.chain.last(), theirs.chain.hashes[1]],
+        lineage,
+        depth: p.chain.depth(),
+        tokens: u64::from(p.prompt_tokens),
+        first_tokens: u64::from(p.first_tokens),
+        prefixes: vec![p.chain.last(), p.chain.hashes[1]],
         session: None,
         client: None,
-    }));
+    }
+}
+
+#[test]
+fn a_conversation_another_replica_sends_opening_alike_pushes_ours_out_unsaved() {
+    use crate::shared::{Event, Replica};
+    let system = "s".repeat(4_000);
+    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
+    serve(&r, &chat_after(&system, &["a"]), 0);
+    // Another replica's conversation, opening with the same system prompt, took a's idle
+    // slot; its first message is most of what the slot held, so a was not saved.
+    r.apply(Event::Sent(sent_by_another_replica(
+        &chat_after(&system, &["b"]),
+        1 << 40,
+    )));
     let d = r.decide(&chat_after(&system, &["a", "r", "more"])).unwrap();
     assert_eq!(
         d.pin.map(|p| (p.depth, p.in_host)),
@@ -718,24 +725,13 @@ fn a_new_conversation_whose_system_prompt_a_node_saw_teaches_it_no_cold_rate() {
 
 #[test]
 fn a_system_prompt_another_replica_sent_to_a_node_teaches_it_no_cold_rate() {
-    use crate::shared::{Event, Replica, Sent};
+    use crate::shared::{Event, Replica};
     let r = router_with(1, 2, false, NodeKind::Ollama);
     let system = "s".repeat(4_000);
-    let theirs = chat_after(&system, &["a"]);
-    r.apply(Event::Sent(Sent {
-        replica: 9,
-        run: 1,
-        node: "n0".into(),
-        model: MODEL.into(),
-        slot: 0,
-        lineage: 1,
-        depth: theirs.chain.depth(),
-        tokens: 1010,
-        first_tokens: 1000,
-        prefixes: vec![theirs.chain.last(), theirs.chain.hashes[1]],
-        session: None,
-        client: None,
-    }));
+    r.apply(Event::Sent(sent_by_another_replica(
+        &chat_after(&system, &["a"]),
+        1,
+    )));
     // This replica's first conversation opening with that prompt finds it cached: no rate.
     let ours = chat_after(&system, &["b"]);
     let o = serve_replying(&r, &ours, 0, &ollama_reply(1010, 10));
