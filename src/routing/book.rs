@@ -162,14 +162,8 @@ impl Router {
         let pin = decision.pin.filter(|pin| pin.node == node.id);
         let settings = node.settings();
         let parallel = node.parallel();
-        let tokens = u64::from(p.prompt_tokens);
-        let first = p.chain.hashes.get(1).copied().unwrap_or(0);
-        let first_tokens = u64::from(p.first_tokens);
-        let opening = Opening {
-            first,
-            first_tokens,
-            tokens,
-        };
+        let opening = Opening::of(p);
+        let tokens = opening.tokens;
         let mut unseen = false;
         let mut first_sent_before = false;
         let (index, lineage) = node.books(|books| {
@@ -229,9 +223,7 @@ impl Router {
             let held = Held {
                 lineage,
                 depth: p.chain.depth(),
-                tokens,
-                first,
-                first_tokens,
+                opening,
             };
             occupy(state, index, held, now);
             (index, lineage)
@@ -270,7 +262,7 @@ impl Router {
                 lineage,
                 depth,
                 tokens,
-                first_tokens,
+                first_tokens: opening.first_tokens,
                 prefixes: dispatch.remembered.clone(),
                 session: p.session,
                 client: None,
@@ -378,20 +370,8 @@ impl Drop for WaitTicket {
 pub(super) struct Held {
     pub lineage: u64,
     pub depth: usize,
-    pub tokens: u64,
-    /// Its first message's hash and estimated tokens (see [`Opening`]).
-    pub first: u64,
-    pub first_tokens: u64,
-}
-
-impl Held {
-    fn opening(&self) -> Opening {
-        Opening {
-            first: self.first,
-            first_tokens: self.first_tokens,
-            tokens: self.tokens,
-        }
-    }
+    /// Its prompt's tokens and first message.
+    pub opening: Opening,
 }
 
 /// Puts a request in slot `index` of the mirror (made long enough to have it).
@@ -403,9 +383,7 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
     // the old runner's cache, learned empty, keeps nothing), unless the request keeps at
     // least half of it: one opening alike with a long first message.
     let displaced = &state.slots[index];
-    if displaced.lineage != 0
-        && displaced.lineage != held.lineage
-        && held.opening().saves(displaced)
+    if displaced.lineage != 0 && displaced.lineage != held.lineage && held.opening.saves(displaced)
     {
         let saved = displaced.saved(now);
         state.warm.host.save(saved);
@@ -415,8 +393,8 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
     slot.depth = held.depth;
     slot.last_used = Some(now);
     slot.busy += 1;
-    slot.tokens = held.tokens;
-    slot.first = held.first;
+    slot.tokens = held.opening.tokens;
+    slot.first = held.opening.first;
     // Once a task has its slot, llama-server copies every idle slot's conversation into its
     // host cache (`--cache-idle-slots`, on by default with a host cache:
     // `server-context.cpp`, after `launch_slot_with_task`). The copies take room there and

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::slots::{Opening, SlotPolicy, choose_slot, is_warm};
+use super::slots::{Opening, SlotPolicy, choose_slot, is_warm, similar_slot};
 use super::{HostProbe, Pin, Router};
 use crate::fleet::warm::HostPlace;
 use crate::request::Profile;
@@ -36,11 +36,7 @@ impl Router {
     pub(super) fn locate(&self, p: &Profile, peer_capacity: Option<u64>) -> Located {
         let mut found = Located::default();
         let now = Instant::now();
-        let opening = Opening {
-            first: p.chain.hashes.get(1).copied().unwrap_or(0),
-            first_tokens: u64::from(p.first_tokens),
-            tokens: u64::from(p.prompt_tokens),
-        };
+        let opening = Opening::of(p);
         for depth in (1..=p.chain.depth()).rev() {
             let hash = p.chain.hashes[depth];
             let Some(entry) = self.affinity.peek(hash) else {
@@ -63,23 +59,22 @@ impl Router {
                         // prompt no slot holds. An idle one holding a conversation that opens
                         // alike is taken for that opening, as it is where the request keeps
                         // half of what it holds: then nothing is restored.
-                        let policy = SlotPolicy::MostSimilar;
-                        let chosen = choose_slot(&state.slots, policy, &opening, now, self.ttl());
-                        let taken = chosen.and_then(|i| Some((i, state.slots.get(i)?)));
-                        let alike = taken
-                            .filter(|(_, s)| opening.draws_to(s) && is_warm(s, now, self.ttl()))
-                            .map(|(i, s)| (s.lineage, i < slots));
+                        let similar = similar_slot(&state.slots, &opening, now, self.ttl())
+                            .and_then(|i| Some((i, state.slots.get(i)?)));
                         let opening_only = |lost| {
-                            alike.map(|(lineage, expected)| Place::Opening {
-                                lineage,
-                                expected,
+                            similar.map(|(i, s)| Place::Opening {
+                                lineage: s.lineage,
+                                expected: i < slots,
                                 lost,
                             })
                         };
-                        if taken.is_some_and(|(_, s)| !opening.saves(s)) {
+                        if similar.is_some_and(|(_, s)| !opening.saves(s)) {
                             return opening_only(false);
                         }
-                        let saved = taken.map(|(_, s)| s.saved(now));
+                        let policy = SlotPolicy::MostSimilar;
+                        let saved = choose_slot(&state.slots, policy, &opening, now, self.ttl())
+                            .and_then(|i| state.slots.get(i))
+                            .map(|s| s.saved(now));
                         let host = &state.warm.host;
                         match host.place(entry.lineage, peer_capacity, slots, saved.as_ref()) {
                             Some(place) => Some(Place::Host(place)),

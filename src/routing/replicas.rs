@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::book::{Held, forget_if_unused, occupy};
 use super::remote::RemoteRun;
+use super::slots::Opening;
 use super::{Entry, Reserved, Router};
 use crate::fleet::kind::Counting;
 use crate::fleet::{ClientId, Node, Requester};
@@ -158,10 +159,12 @@ impl Router {
             let held = Held {
                 lineage: sent.lineage,
                 depth: sent.depth,
-                tokens: sent.tokens,
-                // The last prefix remembered is its first message (see `Router::commit`).
-                first: sent.prefixes.last().copied().unwrap_or(0),
-                first_tokens: sent.first_tokens,
+                opening: Opening {
+                    // The last prefix remembered is its first message (see `Router::commit`).
+                    first: sent.prefixes.last().copied().unwrap_or(0),
+                    first_tokens: sent.first_tokens,
+                    tokens: sent.tokens,
+                },
             };
             occupy(state, sent.slot, held, Instant::now());
             // Its first message, the last prefix remembered (see `Router::commit`), was sent

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::config::NodeConfig;
 use crate::fleet::kind::{KindState, NodeKind};
 use crate::fleet::{ModelState, Slot};
+use crate::request::Profile;
 
 pub(super) fn is_warm(slot: &Slot, now: Instant, ttl: Duration) -> bool {
     slot.lineage != 0 && slot.last_used.is_some_and(|t| now.duration_since(t) <= ttl)
@@ -24,6 +25,15 @@ pub(super) struct Opening {
 }
 
 impl Opening {
+    /// How the request's prompt opens.
+    pub fn of(p: &Profile) -> Opening {
+        Opening {
+            first: p.chain.hashes.get(1).copied().unwrap_or(0),
+            first_tokens: u64::from(p.first_tokens),
+            tokens: u64::from(p.prompt_tokens),
+        }
+    }
+
     /// Whether llama-server would give the prompt `slot`, idle, for what it shares: the
     /// common prefix must exceed a tenth of the prompt (its default
     /// `--slot-prompt-similarity`). Prompts opening differently share only a chat template's
@@ -137,10 +147,7 @@ pub(super) fn choose_slot(
         }
         SlotPolicy::LeastRecentlyUsed | SlotPolicy::MostSimilar => {
             let similar = (policy == SlotPolicy::MostSimilar)
-                .then(|| {
-                    (slots.iter())
-                        .position(|s| s.busy == 0 && is_warm(s, now, ttl) && opening.draws_to(s))
-                })
+                .then(|| similar_slot(slots, opening, now, ttl))
                 .flatten();
             let cold = || slots.iter().position(|s| !is_warm(s, now, ttl));
             let lru = |idle_only: bool| {
@@ -157,6 +164,17 @@ pub(super) fn choose_slot(
                 .or_else(|| lru(false))
         }
     }
+}
+
+/// The idle slot llama-server gives a prompt for what it shares with it: in the mirror, the
+/// first warm one holding a conversation that opens alike (they share as much).
+pub(super) fn similar_slot(
+    slots: &[Slot],
+    opening: &Opening,
+    now: Instant,
+    ttl: Duration,
+) -> Option<usize> {
+    (slots.iter()).position(|s| s.busy == 0 && is_warm(s, now, ttl) && opening.draws_to(s))
 }
 
 /// The slot that freed first at or after `since`, other than `own`, and has not been given
