@@ -286,25 +286,43 @@ fn a_new_conversation_is_not_pulled_to_llama_server_by_a_system_prompt_it_shares
 #[test]
 fn on_llama_server_a_conversation_opening_alike_takes_the_idle_slot_of_another() {
     let system = "s".repeat(4_000);
-    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
+    // Each case ends with a conversation opening alike served on node 1, so that the prefix
+    // table's entry for the system prompt names node 1: a follow-up that merely fell back to
+    // it would be pinned there, not to its own node 0.
+    let elsewhere = |r: &Arc<Router>| serve(r, &chat_after(&system, &["elsewhere"]), 1);
+
     // "b" shares a's 1,000-token system prompt, most of a's prompt: llama-server gives it
     // a's idle slot, though the other is empty, and does not save "a", which it keeps half of.
+    let r = router_with(2, 2, false, NodeKind::LlamaCpp);
     serve(&r, &chat_after(&system, &["a"]), 0);
     serve(&r, &chat_after(&system, &["b"]), 0);
+    elsewhere(&r);
     let d = r.decide(&chat_after(&system, &["a", "r", "more"])).unwrap();
     assert_eq!(
-        d.pin.map(|p| (p.depth, p.continues, p.in_host)),
-        Some((1, false, false)),
-        "only the system prompt is warm for a's next turn"
+        d.pin.map(|p| (p.node, p.depth, p.continues, p.in_host)),
+        Some((0, 1, false, false)),
+        "only the system prompt is warm for a's next turn, in b's slot"
+    );
+
+    // Once b's conversation is over twice the system prompt, a's next turn takes b's slot
+    // and saves it; "a" itself is in no cache, so the system prompt is still all it finds.
+    let long = "x".repeat(12_000);
+    serve(&r, &chat_after(&system, &["b", "r", &long]), 0);
+    elsewhere(&r);
+    let d = r.decide(&chat_after(&system, &["a", "r", "more"])).unwrap();
+    assert_eq!(
+        d.pin.map(|p| (p.node, p.depth, p.in_host)),
+        Some((0, 1, false)),
+        "a's next turn finds the system prompt on its own node"
     );
 
     // A conversation four times as long as its system prompt is saved when "b" takes its
     // slot; but while b's slot is idle llama-server gives c's next turn that slot as it is,
     // and restores nothing.
-    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
-    let long = "x".repeat(12_000);
+    let r = router_with(2, 2, false, NodeKind::LlamaCpp);
     serve(&r, &chat_after(&system, &[&long]), 0);
     serve(&r, &chat_after(&system, &["b"]), 0);
+    elsewhere(&r);
     let follow_up = chat_after(&system, &[&long, "r", "more"]);
     let d = r.decide(&follow_up).unwrap();
     assert_eq!(
