@@ -45,14 +45,23 @@ impl Router {
             let node = self.fleet.node(entry.node);
             let place = node.and_then(|node| {
                 let slots = node.parallel();
+                let settings = node.settings();
                 node.books(|books| {
                     let keeps_host = books.kind.may_keep_host_cache();
+                    let copies_shared =
+                        SlotPolicy::of(&books.kind, &settings) == SlotPolicy::LeastRecentlyUsed;
                     let state = books.models.get(&p.model_key)?;
                     // A slot past those the node was shown to run is one the mirror gave a
                     // request sent past them: the node may have queued it and given it a
                     // slot of its own choosing, so that conversation is not expected warm.
                     let in_slot = (state.slots.iter().enumerate())
-                        .find(|(_, s)| s.lineage == entry.lineage && is_warm(s, now, self.ttl()))
+                        .find(|(_, s)| s.lineage == entry.lineage && is_warm(s, now, self.ttl()));
+                    // Another conversation sharing this prefix (a system prompt), running
+                    // now: the node gives the request another slot, and only the multi-user
+                    // cache copies the shared part into it.
+                    let running = in_slot
+                        .is_some_and(|(_, s)| s.depth != depth && s.busy > 0 && !copies_shared);
+                    let in_slot = (in_slot.filter(|_| !running))
                         .map(|(i, s)| Place::Slot(s.depth, i < slots));
                     let place = in_slot.or_else(|| {
                         // The slot the node restores it into: llama-server's choice for a
@@ -78,6 +87,8 @@ impl Router {
                         let host = &state.warm.host;
                         match host.place(entry.lineage, peer_capacity, slots, saved.as_ref()) {
                             Some(place) => Some(Place::Host(place)),
+                            // Not lost: it runs, and its turn ends in that slot.
+                            None if running => opening_only(false).or(Some(Place::Running)),
                             None => opening_only(true),
                         }
                     })?;
@@ -90,6 +101,7 @@ impl Router {
                 continue;
             };
             let (slot_depth, in_host, expected) = match place {
+                Place::Running => continue,
                 Place::Slot(slot_depth, seen) => (slot_depth, false, seen),
                 Place::Opening {
                     lineage,
@@ -152,6 +164,9 @@ enum Place {
     Slot(usize, bool),
     /// In the host-cache mirror.
     Host(HostPlace),
+    /// In the slot of another conversation sharing the prefix, running now: the node gives
+    /// the request another slot, so the prefix is not warm for it there.
+    Running,
     /// Gone from its slot, but the node would give the request an idle slot holding a
     /// conversation that opens alike (`lineage`) without restoring it: only the opening
     /// they share is warm there now. `lost` when the host cache does not hold it either;

@@ -375,12 +375,76 @@ fn a_conversation_another_replica_sends_opening_alike_pushes_ours_out_unsaved() 
         &chat_after(&system, &["b"]),
         1 << 40,
     )));
-    let d = r.decide(&chat_after(&system, &["a", "r", "more"])).unwrap();
+    let a_next = chat_after(&system, &["a", "r", "more"]);
+    // While b's turn runs there, a's next turn would take the other slot: nothing is warm.
+    assert_eq!(r.decide(&a_next).unwrap().pin, None, "b runs");
+    r.apply(Event::Ended(crate::shared::Ended {
+        replica: 9,
+        run: 1,
+        kept: true,
+        client: None,
+        held_s: 0.0,
+    }));
+    let d = r.decide(&a_next).unwrap();
     assert_eq!(
         d.pin.map(|p| (p.depth, p.in_host)),
         Some((1, false)),
         "only the system prompt is warm for a's next turn"
     );
+}
+
+#[test]
+fn a_system_prompt_in_a_running_conversations_slot_is_warm_only_where_the_runner_copies_it() {
+    let system = "s".repeat(4_000);
+    // A follow-up of a conversation corral has not seen (its client came from elsewhere)
+    // shares only the system prompt with "a", which node 1 holds.
+    let stranger = chat_after(&system, &["z", "r", "more"]);
+    let a_next = chat_after(&system, &["a", "r", "again"]);
+    let cases = [
+        (
+            "llama-server",
+            router_with(2, 2, false, NodeKind::LlamaCpp),
+            false,
+        ),
+        ("old runner", legacy_router(2, 2, false), false),
+        (
+            "old runner, multi-user cache",
+            legacy_router(2, 2, true),
+            true,
+        ),
+    ];
+    for (name, r, copies) in cases {
+        serve(&r, &chat_after(&system, &["a"]), 1);
+        let d = r.decide(&stranger).unwrap();
+        assert_eq!(
+            d.pin.map(|p| (p.node, p.depth)),
+            Some((1, 1)),
+            "{name}: idle"
+        );
+        // While a's next turn runs in that slot, the node gives the stranger another one,
+        // into which only the multi-user cache copies the shared part.
+        let decision = r.decide(&a_next).unwrap();
+        let running = r
+            .try_dispatch(&r.fleet.nodes()[1], &a_next)
+            .unwrap()
+            .commit(&a_next, &decision, &r.placement());
+        let d = r.decide(&stranger).unwrap();
+        assert_eq!(
+            d.pin.map(|p| (p.node, p.depth)),
+            copies.then_some((1, 1)),
+            "{name}: running"
+        );
+        running.finish(Outcome {
+            ok: true,
+            ..Default::default()
+        });
+        let d = r.decide(&stranger).unwrap();
+        assert_eq!(
+            d.pin.map(|p| (p.node, p.depth)),
+            Some((1, 1)),
+            "{name}: ended"
+        );
+    }
 }
 
 #[test]
