@@ -89,6 +89,7 @@ impl Slot {
             lineage: self.lineage,
             depth: self.depth,
             tokens: self.tokens,
+            first: self.first,
             last_used: self.last_used.unwrap_or(now),
         }
     }

@@ -204,6 +204,8 @@ pub struct HostEntry {
     pub depth: usize,
     /// Its tokens, as corral estimates them.
     pub tokens: u64,
+    /// The hash of its first message; 0 when not known.
+    pub first: u64,
     /// When its last turn was served.
     pub last_used: Instant,
 }
@@ -425,6 +427,13 @@ impl HostCache {
             }
         }
         None
+    }
+
+    /// The newest saved conversation opening with the first message `first` (a system
+    /// prompt conversations share), where that message is known.
+    pub fn opening(&self, first: u64) -> Option<u64> {
+        let newest = self.entries.iter().rev().find(|e| e.first == first);
+        newest.filter(|_| first != 0).map(|e| e.lineage)
     }
 
     /// Whether corral expects the cache to keep a conversation that needs `needed` tokens
@@ -806,6 +815,7 @@ mod tests {
             lineage,
             depth: 3,
             tokens,
+            first: 0,
             last_used: Instant::now(),
         }
     }

@@ -85,10 +85,20 @@ impl Router {
                             .and_then(|i| state.slots.get(i))
                             .map(|s| s.saved(now));
                         let host = &state.warm.host;
-                        match host.place(entry.lineage, peer_capacity, slots, saved.as_ref()) {
+                        let place =
+                            |lineage| host.place(lineage, peer_capacity, slots, saved.as_ref());
+                        match place(entry.lineage) {
                             Some(place) => Some(Place::Host(place)),
-                            // Not lost: it runs, and its turn ends in that slot.
-                            None if running => opening_only(false).or(Some(Place::Running)),
+                            // Not lost: it runs, and its turn ends in that slot. The slot the
+                            // request is given restores the newest conversation saved opening
+                            // alike, if the cache keeps one.
+                            None if running => opening_only(false)
+                                .or_else(|| {
+                                    let lineage = host.opening(opening.first)?;
+                                    let place = place(lineage).filter(|p| p.warm)?;
+                                    Some(Place::HostOpening { lineage, place })
+                                })
+                                .or(Some(Place::Running)),
                             None => opening_only(true),
                         }
                     })?;
@@ -102,6 +112,20 @@ impl Router {
             };
             let (slot_depth, in_host, expected) = match place {
                 Place::Running => continue,
+                Place::HostOpening { lineage, place } if keeps_host => {
+                    found.pin = Some(Pin {
+                        node: entry.node,
+                        lineage,
+                        depth: 1,
+                        continues: false,
+                        in_host: true,
+                        expected: place.expected,
+                    });
+                    found.pin_keeps_host = keeps_host;
+                    found.went_cold = true;
+                    return found;
+                }
+                Place::HostOpening { .. } => continue,
                 Place::Slot(slot_depth, seen) => (slot_depth, false, seen),
                 Place::Opening {
                     lineage,
@@ -167,6 +191,9 @@ enum Place {
     /// In the slot of another conversation sharing the prefix, running now: the node gives
     /// the request another slot, so the prefix is not warm for it there.
     Running,
+    /// As [`Place::Running`], but the host cache keeps a conversation (`lineage`) opening
+    /// alike, which the node restores into the slot it gives: the opening is warm there.
+    HostOpening { lineage: u64, place: HostPlace },
     /// Gone from its slot, but the node would give the request an idle slot holding a
     /// conversation that opens alike (`lineage`) without restoring it: only the opening
     /// they share is warm there now. `lost` when the host cache does not hold it either;

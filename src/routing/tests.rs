@@ -448,6 +448,37 @@ fn a_system_prompt_in_a_running_conversations_slot_is_warm_only_where_the_runner
 }
 
 #[test]
+fn while_a_conversation_runs_its_system_prompt_is_found_in_another_saved_in_host_memory() {
+    let system = "s".repeat(4_000);
+    let r = router_with(2, 2, false, NodeKind::LlamaCpp);
+    let node = 1;
+    // "b" opens with the system prompt; "x" takes the other slot, and llama-server copies
+    // b's idle slot into its host cache. "a" then takes b's slot (it opens alike).
+    serve(&r, &chat_after(&system, &["b"]), node);
+    serve(&r, &chat(&["x"]), node);
+    serve(&r, &chat_after(&system, &["a"]), node);
+    let a_next = chat_after(&system, &["a", "r", "again"]);
+    let decision = r.decide(&a_next).unwrap();
+    let running = r
+        .try_dispatch(&r.fleet.nodes()[node], &a_next)
+        .unwrap()
+        .commit(&a_next, &decision, &r.placement());
+    // While a runs, the stranger gets x's slot, into which b's saved conversation is
+    // restored: the system prompt is warm in host memory.
+    let stranger = chat_after(&system, &["z", "r", "more"]);
+    let d = r.decide(&stranger).unwrap();
+    assert_eq!(
+        d.pin.map(|p| (p.node, p.depth, p.in_host)),
+        Some((1, 1, true))
+    );
+    assert_eq!(d.affinity_for(1), AffinityResult::Host);
+    running.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+}
+
+#[test]
 fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
     let r = legacy_router(1, 1, false);
     serve(&r, &chat(&["a"]), 0);
