@@ -81,6 +81,11 @@ fn sent(r: &Arc<Router>, reserved: Reserved, p: &Profile) -> Dispatch {
     reserved.commit(p, &decision, &r.placement())
 }
 
+/// Sends a request to `node` as the proxy would, and leaves it running.
+fn start(r: &Arc<Router>, p: &Profile, node: usize) -> Dispatch {
+    sent(r, r.try_dispatch(&r.fleet.nodes()[node], p).unwrap(), p)
+}
+
 /// Sends a request to `node` as the proxy would, and finishes it.
 fn serve(r: &Arc<Router>, p: &Profile, node: usize) {
     let decision = r.decide(p).unwrap();
@@ -332,11 +337,7 @@ fn on_llama_server_a_conversation_opening_alike_takes_the_idle_slot_of_another()
     );
     // With b's slot busy, "c" is restored from host memory into the other.
     let b_next = chat_after(&system, &["b", "r", "again"]);
-    let decision = r.decide(&b_next).unwrap();
-    let busy = r
-        .try_dispatch(&r.fleet.nodes()[0], &b_next)
-        .unwrap()
-        .commit(&b_next, &decision, &r.placement());
+    let busy = start(&r, &b_next, 0);
     let d = r.decide(&follow_up).unwrap();
     assert_eq!(d.pin.map(|p| (p.node, p.in_host)), Some((0, true)));
     busy.finish(Outcome {
@@ -423,11 +424,7 @@ fn a_system_prompt_in_a_running_conversations_slot_is_warm_only_where_the_runner
         );
         // While a's next turn runs in that slot, the node gives the stranger another one,
         // into which only the multi-user cache copies the shared part.
-        let decision = r.decide(&a_next).unwrap();
-        let running = r
-            .try_dispatch(&r.fleet.nodes()[1], &a_next)
-            .unwrap()
-            .commit(&a_next, &decision, &r.placement());
+        let running = start(&r, &a_next, 1);
         let d = r.decide(&stranger).unwrap();
         assert_eq!(
             d.pin.map(|p| (p.node, p.depth)),
@@ -458,11 +455,7 @@ fn while_a_conversation_runs_its_system_prompt_is_found_in_another_saved_in_host
     serve(&r, &chat(&["x"]), node);
     serve(&r, &chat_after(&system, &["a"]), node);
     let a_next = chat_after(&system, &["a", "r", "again"]);
-    let decision = r.decide(&a_next).unwrap();
-    let running = r
-        .try_dispatch(&r.fleet.nodes()[node], &a_next)
-        .unwrap()
-        .commit(&a_next, &decision, &r.placement());
+    let running = start(&r, &a_next, node);
     // While a runs, the stranger gets x's slot, into which b's saved conversation is
     // restored: the system prompt is warm in host memory.
     let stranger = chat_after(&system, &["z", "r", "more"]);
