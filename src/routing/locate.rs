@@ -48,8 +48,8 @@ impl Router {
                 let settings = node.settings();
                 node.books(|books| {
                     let keeps_host = books.kind.may_keep_host_cache();
-                    let copies_shared =
-                        SlotPolicy::of(&books.kind, &settings) == SlotPolicy::LeastRecentlyUsed;
+                    let most_similar =
+                        SlotPolicy::of(&books.kind, &settings) == SlotPolicy::MostSimilar;
                     let state = books.models.get(&p.model_key)?;
                     // A slot past those the node was shown to run is one the mirror gave a
                     // request sent past them: the node may have queued it and given it a
@@ -57,10 +57,14 @@ impl Router {
                     let in_slot = (state.slots.iter().enumerate())
                         .find(|(_, s)| s.lineage == entry.lineage && is_warm(s, now, self.ttl()));
                     // Another conversation sharing this prefix (a system prompt), running
-                    // now: the node gives the request another slot, and only the multi-user
-                    // cache copies the shared part into it.
+                    // now: llama-server gives the request another slot, idle now. The old
+                    // runner keeps the pull: its multi-user cache copies the shared part into
+                    // the request's slot, and without it the request, waiting for that
+                    // node's slots, mostly takes that one once freed, as the one sharing the
+                    // longest prefix (without the pull, shared-system at 2x kept 28% warm
+                    // against 63%: docs/benchmarks.md).
                     let running = in_slot
-                        .is_some_and(|(_, s)| s.depth != depth && s.busy > 0 && !copies_shared);
+                        .is_some_and(|(_, s)| s.depth != depth && s.busy > 0 && most_similar);
                     let in_slot = (in_slot.filter(|_| !running))
                         .map(|(i, s)| Place::Slot(s.depth, i < slots));
                     let place = in_slot.or_else(|| {

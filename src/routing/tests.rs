@@ -395,7 +395,7 @@ fn a_conversation_another_replica_sends_opening_alike_pushes_ours_out_unsaved() 
 }
 
 #[test]
-fn a_system_prompt_in_a_running_conversations_slot_is_warm_only_where_the_runner_copies_it() {
+fn on_llama_server_a_system_prompt_in_a_running_conversations_slot_is_not_warm_for_another() {
     let system = "s".repeat(4_000);
     // A follow-up of a conversation corral has not seen (its client came from elsewhere)
     // shares only the system prompt with "a", which node 1 holds.
@@ -407,14 +407,14 @@ fn a_system_prompt_in_a_running_conversations_slot_is_warm_only_where_the_runner
             router_with(2, 2, false, NodeKind::LlamaCpp),
             false,
         ),
-        ("old runner", legacy_router(2, 2, false), false),
+        ("old runner", legacy_router(2, 2, false), true),
         (
             "old runner, multi-user cache",
             legacy_router(2, 2, true),
             true,
         ),
     ];
-    for (name, r, copies) in cases {
+    for (name, r, pulls) in cases {
         serve(&r, &chat_after(&system, &["a"]), 1);
         let d = r.decide(&stranger).unwrap();
         assert_eq!(
@@ -422,13 +422,13 @@ fn a_system_prompt_in_a_running_conversations_slot_is_warm_only_where_the_runner
             Some((1, 1)),
             "{name}: idle"
         );
-        // While a's next turn runs in that slot, the node gives the stranger another one,
-        // into which only the multi-user cache copies the shared part.
+        // While a's next turn runs in that slot, llama-server gives the stranger another
+        // one; the old runner keeps the pull (see `Router::locate`).
         let running = start(&r, &a_next, 1);
         let d = r.decide(&stranger).unwrap();
         assert_eq!(
             d.pin.map(|p| (p.node, p.depth)),
-            copies.then_some((1, 1)),
+            pulls.then_some((1, 1)),
             "{name}: running"
         );
         running.finish(Outcome {
