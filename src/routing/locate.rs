@@ -77,6 +77,7 @@ impl Router {
                         let opening_only = |lost| {
                             similar.map(|(i, s)| Place::Opening {
                                 lineage: s.lineage,
+                                in_host: false,
                                 expected: i < slots,
                                 lost,
                             })
@@ -99,8 +100,13 @@ impl Router {
                             None if running => opening_only(false)
                                 .or_else(|| {
                                     let lineage = host.opening(opening.first)?;
-                                    let place = place(lineage).filter(|p| p.warm)?;
-                                    Some(Place::HostOpening { lineage, place })
+                                    let place = place(lineage).filter(|p| p.warm && keeps_host)?;
+                                    Some(Place::Opening {
+                                        lineage,
+                                        in_host: true,
+                                        expected: place.expected,
+                                        lost: false,
+                                    })
                                 })
                                 .or(Some(Place::Running)),
                             None => opening_only(true),
@@ -116,28 +122,16 @@ impl Router {
             };
             let (slot_depth, in_host, expected) = match place {
                 Place::Running => continue,
-                Place::HostOpening { lineage, place } if keeps_host => {
-                    found.pin = Some(Pin {
-                        node: entry.node,
-                        lineage,
-                        depth: 1,
-                        continues: false,
-                        in_host: true,
-                        expected: place.expected,
-                    });
-                    found.pin_keeps_host = keeps_host;
-                    found.went_cold = true;
-                    return found;
-                }
-                Place::HostOpening { .. } => continue,
                 Place::Slot(slot_depth, seen) => (slot_depth, false, seen),
                 Place::Opening {
                     lineage,
+                    in_host,
                     expected,
                     lost,
                 } => {
-                    // The node gives the request that slot: the opening they share is
-                    // warm there, and only that.
+                    // The node gives the request that slot, or restores that conversation
+                    // into the one it gives: the opening they share is warm there, and only
+                    // that.
                     if lost {
                         found.stale.push(hash);
                     }
@@ -146,7 +140,7 @@ impl Router {
                         lineage,
                         depth: 1,
                         continues: false,
-                        in_host: false,
+                        in_host,
                         expected,
                     });
                     found.pin_keeps_host = keeps_host;
@@ -195,15 +189,14 @@ enum Place {
     /// In the slot of another conversation sharing the prefix, running now: the node gives
     /// the request another slot, so the prefix is not warm for it there.
     Running,
-    /// As [`Place::Running`], but the host cache keeps a conversation (`lineage`) opening
-    /// alike, which the node restores into the slot it gives: the opening is warm there.
-    HostOpening { lineage: u64, place: HostPlace },
-    /// Gone from its slot, but the node would give the request an idle slot holding a
-    /// conversation that opens alike (`lineage`) without restoring it: only the opening
-    /// they share is warm there now. `lost` when the host cache does not hold it either;
-    /// `expected` as for [`Place::Slot`].
+    /// Only the opening is warm: the node would give the request an idle slot holding a
+    /// conversation that opens alike (`lineage`) without restoring the request's own, or
+    /// (`in_host`), while the conversation holding the prefix runs, restore one saved opening
+    /// alike into the slot it gives. `lost` when the host cache does not hold the request's
+    /// own conversation either; `expected` as for [`Place::Slot`], or by the cache's capacity.
     Opening {
         lineage: u64,
+        in_host: bool,
         expected: bool,
         lost: bool,
     },
