@@ -45,11 +45,8 @@ impl Router {
             let node = self.fleet.node(entry.node);
             let place = node.and_then(|node| {
                 let slots = node.parallel();
-                let settings = node.settings();
                 node.books(|books| {
                     let keeps_host = books.kind.may_keep_host_cache();
-                    let most_similar =
-                        SlotPolicy::of(&books.kind, &settings) == SlotPolicy::MostSimilar;
                     let state = books.models.get(&p.model_key)?;
                     // A slot past those the node was shown to run is one the mirror gave a
                     // request sent past them: the node may have queued it and given it a
@@ -63,8 +60,12 @@ impl Router {
                     // node's slots, mostly takes that one once freed, as the one sharing the
                     // longest prefix (without the pull, shared-system at 2x kept 28% warm
                     // against 63%: docs/benchmarks.md).
-                    let running = in_slot
-                        .is_some_and(|(_, s)| s.depth != depth && s.busy > 0 && most_similar);
+                    let running = in_slot.is_some_and(|(_, s)| {
+                        s.depth != depth
+                            && s.busy > 0
+                            && SlotPolicy::of(&books.kind, &node.settings())
+                                == SlotPolicy::MostSimilar
+                    });
                     let in_slot = (in_slot.filter(|_| !running))
                         .map(|(i, s)| Place::Slot(s.depth, i < slots));
                     let place = in_slot.or_else(|| {
