@@ -176,7 +176,76 @@ impl Router {
             found.pin_keeps_host = keeps_host;
             return found;
         }
+        if p.follow_up {
+            found.pin = self.opening_anywhere(&p.model_key, &opening, peer_capacity, now);
+            found.pin_keeps_host |= found.pin.is_some();
+        }
         found
+    }
+
+    /// For a follow-up whose own turns no node holds: a llama-server node where its opening
+    /// (a system prompt other conversations share) is warm, in an idle slot that a prompt
+    /// opening alike takes, else in a saved conversation its host cache keeps, which the
+    /// slot the node gives is restored from. A follow-up pushed out of its node's cache is
+    /// still warm for most of its prompt where one of those is; placed as new, it went
+    /// where nothing of it was. Nodes with such a slot idle come first (nothing to restore),
+    /// then those with the most idle slots.
+    fn opening_anywhere(
+        &self,
+        model: &str,
+        opening: &Opening,
+        peer_capacity: Option<u64>,
+        now: Instant,
+    ) -> Option<Pin> {
+        if opening.first == 0 {
+            return None;
+        }
+        let mut best: Option<((bool, usize), Pin)> = None;
+        for node in self
+            .fleet
+            .nodes()
+            .iter()
+            .filter(|n| self.fleet.is_healthy(n))
+        {
+            let slots = node.parallel();
+            let found = node.books(|books| {
+                if !books.kind.may_keep_host_cache()
+                    || SlotPolicy::of(&books.kind, &node.settings()) != SlotPolicy::MostSimilar
+                {
+                    return None;
+                }
+                let state = books.models.get(model)?;
+                let idle = state.slots.iter().filter(|s| s.busy == 0).count();
+                let pin = |lineage, in_host, expected| Pin {
+                    node: node.id,
+                    lineage,
+                    depth: 1,
+                    continues: false,
+                    in_host,
+                    expected,
+                };
+                if let Some(i) = similar_slot(&state.slots, opening, now, self.ttl()) {
+                    let lineage = state.slots.get(i)?.lineage;
+                    return Some(((true, idle), pin(lineage, false, i < slots)));
+                }
+                let policy = SlotPolicy::MostSimilar;
+                let saved = choose_slot(&state.slots, policy, opening, now, self.ttl())
+                    .and_then(|i| state.slots.get(i))
+                    .map(|s| s.saved(now));
+                let host = &state.warm.host;
+                let lineage = host.opening(opening.first)?;
+                let place = host.place(lineage, peer_capacity, slots, saved.as_ref())?;
+                place
+                    .warm
+                    .then(|| ((false, idle), pin(lineage, true, place.expected)))
+            });
+            if let Some((rank, pin)) = found
+                && best.as_ref().is_none_or(|(b, _)| rank > *b)
+            {
+                best = Some((rank, pin));
+            }
+        }
+        best.map(|(_, pin)| pin)
     }
 }
 

@@ -472,6 +472,54 @@ fn while_a_conversation_runs_its_system_prompt_is_found_in_another_saved_in_host
 }
 
 #[test]
+fn a_follow_up_held_nowhere_goes_where_its_system_prompt_is_warm() {
+    let system = "s".repeat(4_000);
+    let r = router_with(2, 2, false, NodeKind::LlamaCpp);
+    // "b" opens with the system prompt on node 1 and ends there, idle in its slot; "c"
+    // opens alike on node 0, the last node the prompt went to, and runs there now.
+    serve(&r, &chat_after(&system, &["b"]), 1);
+    serve(&r, &chat_after(&system, &["c"]), 0);
+    let running = start(&r, &chat_after(&system, &["c", "r", "again"]), 0);
+    // A follow-up corral has never seen (sent before a restart, or forgotten): nothing of
+    // its own is warm anywhere, and c's slot is not given to it while c runs. Node 1
+    // gives it b's idle slot, which shares the system prompt.
+    let stranger = chat_after(&system, &["z", "r", "more"]);
+    let d = r.decide(&stranger).unwrap();
+    assert_eq!(
+        d.pin.map(|p| (p.node, p.depth, p.in_host)),
+        Some((1, 1, false))
+    );
+    assert_ne!(d.affinity_for(1), AffinityResult::Miss);
+    // A new conversation sharing the prompt is not drawn there (a54722e).
+    let d = r.decide(&chat_after(&system, &["new"])).unwrap();
+    assert_eq!(d.pin, None);
+    running.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+
+    // On node 1, two conversations opening otherwise take both slots: b's is saved in host
+    // memory, from which the slot the follow-up is given restores it.
+    serve(&r, &chat(&["x"]), 1);
+    serve(&r, &chat(&["y"]), 1);
+    let running = start(
+        &r,
+        &chat_after(&system, &["c", "r", "again", "r", "more"]),
+        0,
+    );
+    let d = r.decide(&stranger).unwrap();
+    assert_eq!(
+        d.pin.map(|p| (p.node, p.depth, p.in_host)),
+        Some((1, 1, true))
+    );
+    assert_eq!(d.affinity_for(1), AffinityResult::Host);
+    running.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+}
+
+#[test]
 fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
     let r = legacy_router(1, 1, false);
     serve(&r, &chat(&["a"]), 0);
