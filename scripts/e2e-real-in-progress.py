@@ -176,7 +176,9 @@ def run_policy(args, run, policy, rng):
                         "node": node,
                         "affinity": headers.get("X-Fleet-Affinity"),
                         "explain": headers.get("X-Fleet-Explain"),
-                        "evaluated": final.get("prompt_eval_count", 10**9),
+                        # None when the reply has no count (Ollama leaves a zero out,
+                        # `omitempty` in api/types.go): not counted either way.
+                        "evaluated": final.get("prompt_eval_count"),
                         "ttft": ttft,
                         "secs": secs,
                         "sent": sent - started,
@@ -209,12 +211,13 @@ def before_node(record):
 
 def summary(records, wall):
     follow = [r for r in records if r["turn"] > 0]
-    evaluated = [r["evaluated"] for r in follow]
+    evaluated = [r["evaluated"] for r in follow if r["evaluated"] is not None]
     ttft = sorted(r["ttft"] for r in follow)
     p90 = ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))]
     warm = sum(e <= WARM_MAX_EVALUATED for e in evaluated)
     out = {
-        "evaluated_mean": statistics.mean(evaluated),
+        "evaluated_mean": statistics.mean(evaluated) if evaluated else float("nan"),
+        "uncounted": len(follow) - len(evaluated),
         "warm": warm,
         "follow_ups": len(follow),
         "ttft_p50": statistics.median(ttft),
@@ -236,6 +239,7 @@ def summary(records, wall):
         out["agreed"] = sum(
             (r["affinity"] in ("hit", "host")) == (r["evaluated"] <= WARM_MAX_EVALUATED)
             for r in predicted
+            if r["evaluated"] is not None
         )
     homes = {}
     for r in records:
@@ -284,7 +288,10 @@ def main():
             s = summary(records, wall)
             results[policy].append(s)
             dump.append({"run": run, "policy": policy, "wall": wall, "turns": records})
-            agreed = f", prediction agreed {s['agreed']}/{s['follow_ups']}" if "agreed" in s else ""
+            counted = s["follow_ups"] - s["uncounted"]
+            agreed = f", prediction agreed {s['agreed']}/{counted}" if "agreed" in s else ""
+            if s["uncounted"]:
+                agreed += f", {s['uncounted']} follow-ups without a prompt_eval_count (left out)"
             print(
                 f"run {run} {policy}: follow-ups evaluated {s['evaluated_mean']:.0f} tokens on "
                 f"average, {s['warm']}/{s['follow_ups']} warm; follow-up TTFT p50 "
