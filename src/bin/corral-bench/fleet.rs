@@ -488,8 +488,28 @@ impl CorralProcess {
         extra_yaml: &str,
         key: Option<&str>,
     ) -> Result<Self, String> {
-        let port = free_port()?;
-        let metrics_port = free_port()?;
+        // A port free when picked may be taken by another process (a test beside this one)
+        // before corral binds it; corral then waits for it, and that process would answer
+        // in its place. Such a start is given up and made again on other ports.
+        let mut attempts = 0;
+        loop {
+            let (port, metrics_port) = (free_port()?, free_port()?);
+            match Self::start_on(binary, fleet, scale, extra_yaml, key, port, metrics_port).await {
+                Err(e) if e == PORT_TAKEN && attempts < 3 => attempts += 1,
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_on(
+        binary: &Path,
+        fleet: &Fleet,
+        scale: TimeScale,
+        extra_yaml: &str,
+        key: Option<&str>,
+        port: u16,
+        metrics_port: u16,
+    ) -> Result<Self, String> {
         let mut yaml = corral_yaml(port, metrics_port, fleet, scale);
         yaml.push_str(extra_yaml);
         // For diagnosing a run: corral's access log, one file per corral started.
@@ -534,27 +554,41 @@ impl CorralProcess {
             .configs
             .iter()
             .any(|c| c.kind != StandinKind::LlamaCpp);
-        process.wait_ready(port, nodes_list_models, key).await?;
+        process
+            .wait_ready(port, metrics_port, nodes_list_models, key)
+            .await?;
         Ok(process)
     }
 
-    /// Waits until the port accepts connections and `/api/tags` lists the chat model (a
-    /// poll came in; where `nodes_list_models` is false, any answer does),
-    /// then two more poll intervals so that every node has been read.
+    /// Waits until corral itself listens on both its ports (gives up with [`PORT_TAKEN`]
+    /// where another process holds one) and `/api/tags` lists the chat model (a poll came
+    /// in; where `nodes_list_models` is false, any answer does), then two more poll
+    /// intervals so that every node has been read.
     async fn wait_ready(
         &self,
         port: u16,
+        metrics_port: u16,
         nodes_list_models: bool,
         key: Option<&str>,
     ) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let client = reqwest::Client::new();
+        let started = Instant::now();
         loop {
             if Instant::now() > deadline {
                 return Err("corral did not become ready within 30 s".into());
             }
-            if TcpStream::connect(addr).is_ok() {
+            let ours = listens_on(self.child.id(), port);
+            let metrics_addr = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+            let held = |addr| TcpStream::connect(addr).is_ok();
+            let metrics_ours = || listens_on(self.child.id(), metrics_port);
+            if (!ours && held(addr)) || (!metrics_ours() && held(metrics_addr)) {
+                // Another process holds a port.
+                if started.elapsed() > Duration::from_secs(2) {
+                    return Err(PORT_TAKEN.into());
+                }
+            } else if ours && metrics_ours() {
                 let tags = client.get(format!("{}/api/tags", self.url));
                 let listed = match key {
                     Some(key) => tags.bearer_auth(key),
@@ -661,6 +695,35 @@ fn corral_yaml(port: u16, metrics_port: u16, fleet: &Fleet, scale: TimeScale) ->
     yaml
 }
 
+/// Why [`CorralProcess::start_on`] gave up: its port was taken before corral bound it.
+const PORT_TAKEN: &str = "corral's port was taken by another process";
+
+/// Whether process `pid` listens on 127.0.0.1:`port` (Linux: the listening sockets in
+/// `/proc/net/tcp` against the process's open file descriptors).
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, state (0A: listening), inode.
+            (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A"))
+                .then(|| fields.get(9).map(|inode| format!("socket:[{inode}]")))
+                .flatten()
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+}
+
 /// A port nothing listens on right now.
 pub fn free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
@@ -690,6 +753,17 @@ pub fn sibling_corral() -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_is_ours_only_while_this_process_listens_on_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(listens_on(std::process::id(), port));
+        // Held by another process: pid 1 is never this test.
+        assert!(!listens_on(1, port));
+        drop(listener);
+        assert!(!listens_on(std::process::id(), port));
+    }
 
     #[test]
     fn metric_sums_add_every_label() {
