@@ -699,10 +699,11 @@ fn corral_yaml(port: u16, metrics_port: u16, fleet: &Fleet, scale: TimeScale) ->
 const PORT_TAKEN: &str = "corral's port was taken by another process";
 
 /// Whether process `pid` listens on 127.0.0.1:`port` (Linux: the listening sockets in
-/// `/proc/net/tcp` against the process's open file descriptors).
+/// `/proc/net/tcp` against the process's open file descriptors). Where there is no such
+/// table to read (not Linux), whatever listens there is taken for it.
 fn listens_on(pid: u32, port: u16) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
-        return false;
+        return true;
     };
     let local = format!("0100007F:{port:04X}");
     let inodes: Vec<String> = table
