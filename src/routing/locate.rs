@@ -3,11 +3,12 @@
 //! node's slot and host-cache mirror. It reads only: entries found no longer to hold are
 //! returned, for the bookkeeping after the choice to forget.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::slots::{Opening, SlotPolicy, choose_slot, is_warm, similar_slot};
 use super::{HostProbe, Pin, Router};
-use crate::fleet::warm::HostPlace;
+use crate::fleet::Slot;
+use crate::fleet::warm::{HostCache, HostEntry, HostPlace};
 use crate::request::Profile;
 
 /// Where a request's conversation is warm, as [`Router::locate`] found it.
@@ -73,44 +74,30 @@ impl Router {
                         // prompt no slot holds. An idle one holding a conversation that opens
                         // alike is taken for that opening, as it is where the request keeps
                         // half of what it holds: then nothing is restored.
-                        let similar = similar_slot(&state.slots, &opening, now, self.ttl())
-                            .and_then(|i| Some((i, state.slots.get(i)?)));
-                        let opening_only = |lost| {
-                            similar.map(|(i, s)| Place::Opening {
-                                lineage: s.lineage,
-                                in_host: false,
-                                expected: i < slots,
-                                lost,
-                            })
+                        let offer = Offer::of(&state.slots, &opening, now, self.ttl());
+                        let in_idle_slot = |lost| {
+                            let opening = offer.in_idle_slot(slots)?;
+                            Some(Place::Opening { opening, lost })
                         };
-                        if similar.is_some_and(|(_, s)| !opening.saves(s)) {
-                            return opening_only(false);
+                        if offer.similar.is_some_and(|(_, s)| !opening.saves(s)) {
+                            return in_idle_slot(false);
                         }
-                        let policy = SlotPolicy::MostSimilar;
-                        let saved = choose_slot(&state.slots, policy, &opening, now, self.ttl())
-                            .and_then(|i| state.slots.get(i))
-                            .map(|s| s.saved(now));
                         let host = &state.warm.host;
-                        let place =
-                            |lineage| host.place(lineage, peer_capacity, slots, saved.as_ref());
-                        match place(entry.lineage) {
+                        match host.place(entry.lineage, peer_capacity, slots, offer.saved.as_ref())
+                        {
                             Some(place) => Some(Place::Host(place)),
                             // Not lost: it runs, and its turn ends in that slot. The slot the
                             // request is given restores the newest conversation saved opening
                             // alike, if the cache keeps one.
-                            None if running => opening_only(false)
-                                .or_else(|| {
-                                    let lineage = host.opening(opening.first)?;
-                                    let place = place(lineage).filter(|p| p.warm && keeps_host)?;
-                                    Some(Place::Opening {
-                                        lineage,
-                                        in_host: true,
-                                        expected: place.expected,
+                            None if running => Some(
+                                offer
+                                    .warm_opening(host, &opening, slots, peer_capacity, keeps_host)
+                                    .map_or(Place::Running, |opening| Place::Opening {
+                                        opening,
                                         lost: false,
-                                    })
-                                })
-                                .or(Some(Place::Running)),
-                            None => opening_only(true),
+                                    }),
+                            ),
+                            None => in_idle_slot(true),
                         }
                     })?;
                     Some((place, keeps_host))
@@ -124,26 +111,14 @@ impl Router {
             let (slot_depth, in_host, expected) = match place {
                 Place::Running => continue,
                 Place::Slot(slot_depth, seen) => (slot_depth, false, seen),
-                Place::Opening {
-                    lineage,
-                    in_host,
-                    expected,
-                    lost,
-                } => {
+                Place::Opening { opening, lost } => {
                     // The node gives the request that slot, or restores that conversation
                     // into the one it gives: the opening they share is warm there, and only
                     // that.
                     if lost {
                         found.stale.push(hash);
                     }
-                    found.pin = Some(Pin {
-                        node: entry.node,
-                        lineage,
-                        depth: 1,
-                        continues: false,
-                        in_host,
-                        expected,
-                    });
+                    found.pin = Some(opening.pin(entry.node));
                     found.pin_keeps_host = keeps_host;
                     found.went_cold = true;
                     return found;
@@ -216,28 +191,10 @@ impl Router {
                 }
                 let state = books.models.get(model)?;
                 let idle = state.slots.iter().filter(|s| s.busy == 0).count();
-                let pin = |lineage, in_host, expected| Pin {
-                    node: node.id,
-                    lineage,
-                    depth: 1,
-                    continues: false,
-                    in_host,
-                    expected,
-                };
-                if let Some(i) = similar_slot(&state.slots, opening, now, self.ttl()) {
-                    let lineage = state.slots.get(i)?.lineage;
-                    return Some(((true, idle), pin(lineage, false, i < slots)));
-                }
-                let policy = SlotPolicy::MostSimilar;
-                let saved = choose_slot(&state.slots, policy, opening, now, self.ttl())
-                    .and_then(|i| state.slots.get(i))
-                    .map(|s| s.saved(now));
-                let host = &state.warm.host;
-                let lineage = host.opening(opening.first)?;
-                let place = host.place(lineage, peer_capacity, slots, saved.as_ref())?;
-                place
-                    .warm
-                    .then(|| ((false, idle), pin(lineage, true, place.expected)))
+                let offer = Offer::of(&state.slots, opening, now, self.ttl());
+                let warm =
+                    offer.warm_opening(&state.warm.host, opening, slots, peer_capacity, true)?;
+                Some(((!warm.in_host, idle), warm.pin(node.id)))
             });
             if let Some((rank, pin)) = found
                 && best.as_ref().is_none_or(|(b, _)| rank > *b)
@@ -260,14 +217,84 @@ enum Place {
     /// the request another slot, so the prefix is not warm for it there.
     Running,
     /// Only the opening is warm: the node would give the request an idle slot holding a
-    /// conversation that opens alike (`lineage`) without restoring the request's own, or
-    /// (`in_host`), while the conversation holding the prefix runs, restore one saved opening
-    /// alike into the slot it gives. `lost` when the host cache does not hold the request's
-    /// own conversation either; `expected` as for [`Place::Slot`], or by the cache's capacity.
-    Opening {
-        lineage: u64,
-        in_host: bool,
-        expected: bool,
-        lost: bool,
-    },
+    /// conversation that opens alike without restoring the request's own, or, while the
+    /// conversation holding the prefix runs, restore one saved opening alike into the slot
+    /// it gives. `lost` when the host cache does not hold the request's own conversation
+    /// either.
+    Opening { opening: WarmOpening, lost: bool },
+}
+
+/// A conversation through which a request's opening (its first message) is warm on a node.
+#[derive(Clone, Copy, Debug)]
+struct WarmOpening {
+    lineage: u64,
+    /// Saved in the host cache (restored into the slot the request is given), not idle in a
+    /// slot.
+    in_host: bool,
+    /// As for [`Place::Slot`], or by the cache's capacity.
+    expected: bool,
+}
+
+impl WarmOpening {
+    /// The request pinned to `node` for its opening only.
+    fn pin(self, node: u16) -> Pin {
+        Pin {
+            node,
+            lineage: self.lineage,
+            depth: 1,
+            continues: false,
+            in_host: self.in_host,
+            expected: self.expected,
+        }
+    }
+}
+
+/// What llama-server offers a prompt that continues no slot of a node, in the mirror: the
+/// idle slot holding a conversation that opens alike, which it gives for what they share
+/// (`similar`), and the conversation it saves first from the slot it takes (`saved`).
+struct Offer<'s> {
+    similar: Option<(usize, &'s Slot)>,
+    saved: Option<HostEntry>,
+}
+
+impl<'s> Offer<'s> {
+    fn of(slots: &'s [Slot], opening: &Opening, now: Instant, ttl: Duration) -> Offer<'s> {
+        let similar = similar_slot(slots, opening, now, ttl).and_then(|i| Some((i, slots.get(i)?)));
+        let saved = choose_slot(slots, SlotPolicy::MostSimilar, opening, now, ttl)
+            .and_then(|i| slots.get(i))
+            .map(|s| s.saved(now));
+        Offer { similar, saved }
+    }
+
+    /// The opening warm in the idle slot that shares it (`slots`: those the node was shown
+    /// to run).
+    fn in_idle_slot(&self, slots: usize) -> Option<WarmOpening> {
+        self.similar.map(|(i, s)| WarmOpening {
+            lineage: s.lineage,
+            in_host: false,
+            expected: i < slots,
+        })
+    }
+
+    /// Where the opening is warm on the node: in the idle slot that shares it, else in the
+    /// newest conversation saved opening alike that the host cache keeps, which the slot
+    /// the request is given restores.
+    fn warm_opening(
+        &self,
+        host: &HostCache,
+        opening: &Opening,
+        slots: usize,
+        peer_capacity: Option<u64>,
+        keeps_host: bool,
+    ) -> Option<WarmOpening> {
+        self.in_idle_slot(slots).or_else(|| {
+            let lineage = host.opening(opening.first)?;
+            let place = host.place(lineage, peer_capacity, slots, self.saved.as_ref())?;
+            (place.warm && keeps_host).then_some(WarmOpening {
+                lineage,
+                in_host: true,
+                expected: place.expected,
+            })
+        })
+    }
 }

@@ -86,15 +86,20 @@ fn start(r: &Arc<Router>, p: &Profile, node: usize) -> Dispatch {
     sent(r, r.try_dispatch(&r.fleet.nodes()[node], p).unwrap(), p)
 }
 
+/// Ends a request as served.
+fn end(d: Dispatch) {
+    d.finish(Outcome {
+        ok: true,
+        ..Default::default()
+    });
+}
+
 /// Sends a request to `node` as the proxy would, and finishes it.
 fn serve(r: &Arc<Router>, p: &Profile, node: usize) {
     let decision = r.decide(p).unwrap();
     let reserved = r.try_dispatch(&r.fleet.nodes()[node], p).unwrap();
     let d = reserved.commit(p, &decision, &r.placement());
-    d.finish(Outcome {
-        ok: true,
-        ..Default::default()
-    });
+    end(d);
 }
 
 fn affinity_score(d: &Decision, node: u16) -> f64 {
@@ -340,10 +345,7 @@ fn on_llama_server_a_conversation_opening_alike_takes_the_idle_slot_of_another()
     let busy = start(&r, &b_next, 0);
     let d = r.decide(&follow_up).unwrap();
     assert_eq!(d.pin.map(|p| (p.node, p.in_host)), Some((0, true)));
-    busy.finish(Outcome {
-        ok: true,
-        ..Default::default()
-    });
+    end(busy);
 }
 
 /// What another replica tells of a chat it sent to node n0's slot 0 as `lineage`.
@@ -431,10 +433,7 @@ fn on_llama_server_a_system_prompt_in_a_running_conversations_slot_is_not_warm_f
             pulls.then_some((1, 1)),
             "{name}: running"
         );
-        running.finish(Outcome {
-            ok: true,
-            ..Default::default()
-        });
+        end(running);
         let d = r.decide(&stranger).unwrap();
         assert_eq!(
             d.pin.map(|p| (p.node, p.depth)),
@@ -465,10 +464,7 @@ fn while_a_conversation_runs_its_system_prompt_is_found_in_another_saved_in_host
         Some((1, 1, true))
     );
     assert_eq!(d.affinity_for(1), AffinityResult::Host);
-    running.finish(Outcome {
-        ok: true,
-        ..Default::default()
-    });
+    end(running);
 }
 
 #[test]
@@ -489,14 +485,11 @@ fn a_follow_up_held_nowhere_goes_where_its_system_prompt_is_warm() {
         d.pin.map(|p| (p.node, p.depth, p.in_host)),
         Some((1, 1, false))
     );
-    assert_ne!(d.affinity_for(1), AffinityResult::Miss);
+    assert_eq!(d.affinity_for(1), AffinityResult::Hit);
     // A new conversation sharing the prompt is not drawn there (a54722e).
     let d = r.decide(&chat_after(&system, &["new"])).unwrap();
     assert_eq!(d.pin, None);
-    running.finish(Outcome {
-        ok: true,
-        ..Default::default()
-    });
+    end(running);
 
     // On node 1, two conversations opening otherwise take both slots: b's is saved in host
     // memory, from which the slot the follow-up is given restores it.
@@ -513,10 +506,7 @@ fn a_follow_up_held_nowhere_goes_where_its_system_prompt_is_warm() {
         Some((1, 1, true))
     );
     assert_eq!(d.affinity_for(1), AffinityResult::Host);
-    running.finish(Outcome {
-        ok: true,
-        ..Default::default()
-    });
+    end(running);
 }
 
 #[test]
@@ -543,10 +533,7 @@ fn serve_replying(r: &Arc<Router>, p: &Profile, node: usize, reply: &str) -> Obs
             .commit(p, &decision, &r.placement());
     let stats = ReplyStats::parse(reply.as_bytes()).unwrap();
     let observation = d.observe(&stats).unwrap();
-    d.finish(Outcome {
-        ok: true,
-        ..Default::default()
-    });
+    end(d);
     observation
 }
 
@@ -1239,10 +1226,7 @@ fn requests_arriving_together_see_each_others_loads() {
     // because the reply came from it.
     let (model, first) = sent.remove(0);
     let node = first.node.clone();
-    first.finish(Outcome {
-        ok: true,
-        ..Default::default()
-    });
+    end(first);
     let d = r.decide(&ask(&model, "later")).unwrap();
     let c = d.ranked.iter().find(|c| c.node.id == node.id).unwrap();
     assert!(c.resident && c.scores.model_loaded == 50.0);
@@ -1280,10 +1264,7 @@ fn what_a_poll_lists_stays_resident_and_later_replies_count_only_up_to_memory() 
         std::thread::sleep(Duration::from_millis(2));
         let p = ask(m, "q");
         let d = sent(&r, r.try_dispatch(&other, &p).unwrap(), &p);
-        d.finish(Outcome {
-            ok: true,
-            ..Default::default()
-        });
+        end(d);
     }
     let held_on_1 = |model: &str| {
         let d = r.decide(&ask(model, "q")).unwrap();

@@ -573,6 +573,8 @@ impl CorralProcess {
     ) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let metrics_addr = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+        let held = |addr| TcpStream::connect(addr).is_ok();
         let client = reqwest::Client::new();
         let started = Instant::now();
         loop {
@@ -580,15 +582,13 @@ impl CorralProcess {
                 return Err("corral did not become ready within 30 s".into());
             }
             let ours = listens_on(self.child.id(), port);
-            let metrics_addr = SocketAddr::from(([127, 0, 0, 1], metrics_port));
-            let held = |addr| TcpStream::connect(addr).is_ok();
-            let metrics_ours = || listens_on(self.child.id(), metrics_port);
-            if (!ours && held(addr)) || (!metrics_ours() && held(metrics_addr)) {
+            let metrics_ours = listens_on(self.child.id(), metrics_port);
+            if (!ours && held(addr)) || (!metrics_ours && held(metrics_addr)) {
                 // Another process holds a port.
                 if started.elapsed() > Duration::from_secs(2) {
                     return Err(PORT_TAKEN.into());
                 }
-            } else if ours && metrics_ours() {
+            } else if ours && metrics_ours {
                 let tags = client.get(format!("{}/api/tags", self.url));
                 let listed = match key {
                     Some(key) => tags.bearer_auth(key),
