@@ -230,6 +230,7 @@ pub struct FleetCollector {
     model_resident: IntGaugeVec,
     affinity_entries: IntGauge,
     success_ratio: prometheus::GaugeVec,
+    start_delay: prometheus::GaugeVec,
     evictions: IntCounterVec,
     descs: Vec<Desc>,
 }
@@ -279,6 +280,13 @@ impl FleetCollector {
             ),
             &["node"],
         )?;
+        let start_delay = prometheus::GaugeVec::new(
+            Opts::new(
+                "corral_node_start_delay_seconds",
+                "Recent seconds from sending a request into a free slot to the node beginning its prompt; from 0.1 s on, corral sends the node one request more than it runs at once, to wait in its own queue.",
+            ),
+            &["node", "model"],
+        )?;
         // Counted by the nodes' state as polls see them; copied out at each scrape.
         let evictions = IntCounterVec::new(
             Opts::new(
@@ -296,6 +304,7 @@ impl FleetCollector {
             model_resident.desc(),
             affinity_entries.desc(),
             success_ratio.desc(),
+            start_delay.desc(),
         ]
         .into_iter()
         .flatten()
@@ -311,6 +320,7 @@ impl FleetCollector {
             model_resident,
             affinity_entries,
             success_ratio,
+            start_delay,
             evictions,
             descs,
         })
@@ -332,6 +342,7 @@ impl FleetCollector {
             gauge.reset();
         }
         self.success_ratio.reset();
+        self.start_delay.reset();
         self.evictions.reset();
         let fleet = &self.router.fleet;
         let nodes = fleet.nodes();
@@ -366,6 +377,9 @@ impl FleetCollector {
                     self.waiting
                         .with_label_values(&labels)
                         .set(i64::from(state.waiting));
+                    if let Some(delay) = state.start_s.get() {
+                        self.start_delay.with_label_values(&labels).set(delay);
+                    }
                 }
             });
         }
@@ -387,6 +401,7 @@ impl Collector for FleetCollector {
         families.extend(self.evictions.collect());
         families.extend(self.affinity_entries.collect());
         families.extend(self.success_ratio.collect());
+        families.extend(self.start_delay.collect());
         families
     }
 }

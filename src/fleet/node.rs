@@ -99,7 +99,8 @@ impl Slot {
 #[derive(Clone, Debug, Default)]
 pub struct ModelState {
     /// Requests sent to this node for this model and not finished. corral sends at most
-    /// `num_parallel`, so they all run.
+    /// `num_parallel`, so they all run, and one more where the node is slow to begin a
+    /// request (see `start_s`), which waits in the node's own queue.
     pub in_flight: u32,
     /// Requests waiting in corral for a slot here, this node being their best choice.
     pub waiting: u32,
@@ -126,6 +127,11 @@ pub struct ModelState {
     pub loading: Option<Instant>,
     /// Seconds the node took to load the model, from replies that loaded it.
     pub load_s: Ewma,
+    /// Seconds from sending a request into a free slot to the node beginning its prompt:
+    /// the reply's time to first byte less its load and prefill. Ollama's own work on the
+    /// request (its template, the hop to the runner) and the wait for the runner's batch
+    /// under way.
+    pub start_s: Ewma,
     /// What the node keeps warm beyond its slots, and its cold prefill rate, as learned
     /// from its replies.
     pub warm: WarmState,

@@ -596,10 +596,12 @@ fn reserve(
     // client before it (or its own), not to one of a client that has had more.
     let yields = yields_to_warm(warm, waited, config.queue.max_wait)
         && listener.warm_waiter_first(best.node.id);
-    // Rather than wait for the best node, probe whether it runs more requests at once.
+    // Rather than wait for the best node, probe whether it runs more requests at once; or,
+    // where it is slow to begin a request, wait in its own queue.
     router
         .try_send(best, profile, yields)
         .or_else(|| router.try_probe(best, profile, yields))
+        .or_else(|| router.try_queue(best, profile, yields))
 }
 
 /// A node that failed before replying, and how.

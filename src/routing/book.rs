@@ -54,7 +54,7 @@ impl Router {
     /// elsewhere). The count is given back when what is returned, or what it becomes, is
     /// dropped, on every path.
     pub fn try_dispatch(self: &Arc<Self>, node: &Arc<Node>, p: &Profile) -> Option<Reserved> {
-        self.dispatch(node, p, false, false, false).map(Reserved)
+        self.dispatch(node, p, false, Past::No, false).map(Reserved)
     }
 
     /// [`Router::try_dispatch`] to a ranked candidate. Where the model is not resident, the
@@ -69,7 +69,7 @@ impl Router {
         p: &Profile,
         yields: bool,
     ) -> Option<Reserved> {
-        self.dispatch(&candidate.node, p, !candidate.resident, false, yields)
+        self.dispatch(&candidate.node, p, !candidate.resident, Past::No, yields)
             .map(Reserved)
     }
 
@@ -89,7 +89,29 @@ impl Router {
         {
             return None;
         }
-        self.dispatch(node, p, !candidate.resident, true, yields)
+        self.dispatch(node, p, !candidate.resident, Past::Probe, yields)
+            .map(Reserved)
+    }
+
+    /// [`Router::try_send`] one past the number the node runs at once, into the node's own
+    /// queue, where the node is slow to begin a request
+    /// ([`super::parallel::queues_at_node`]): for a request that would otherwise wait in
+    /// corral for this node. `yields` as for [`Router::try_send`].
+    pub fn try_queue(
+        self: &Arc<Self>,
+        candidate: &Candidate,
+        p: &Profile,
+        yields: bool,
+    ) -> Option<Reserved> {
+        let node = &candidate.node;
+        let slow_to_begin = node.books(|books| {
+            let state = books.models.get(p.model_key.as_str());
+            super::parallel::queues_at_node(state.and_then(|s| s.start_s.get()))
+        });
+        if !slow_to_begin {
+            return None;
+        }
+        self.dispatch(node, p, !candidate.resident, Past::Queue, yields)
             .map(Reserved)
     }
 
@@ -98,14 +120,15 @@ impl Router {
         node: &Arc<Node>,
         p: &Profile,
         loads: bool,
-        probe: bool,
+        past: Past,
         yields: bool,
     ) -> Option<Dispatch> {
         let believed = node.parallel();
-        let limit = if probe {
-            super::parallel::probe_limit(believed)
-        } else {
-            believed
+        let probe = past == Past::Probe;
+        let limit = match past {
+            Past::No => believed,
+            Past::Probe => super::parallel::probe_limit(believed),
+            Past::Queue => believed + 1,
         };
         let reserved = node.books(|books| {
             let state = books.models.entry_ref(p.model_key.as_str()).or_default();
@@ -138,6 +161,8 @@ impl Router {
             streamed: p.stream,
             first_byte: None,
             probe: probe.then_some(believed),
+            queued: past == Past::Queue,
+            held: None,
             limit,
             run: None,
         })
@@ -173,8 +198,9 @@ impl Router {
             if let Some(&first) = p.chain.hashes.get(1) {
                 first_sent_before = state.warm.first_messages.sent(first);
             }
+            let queued = dispatch.queued;
             let continued = pin
-                .filter(|pin| pin.continues && !pin.in_host)
+                .filter(|pin| pin.continues && !pin.in_host && !queued)
                 .and_then(|pin| {
                     let i = state.slots.iter().position(|s| s.lineage == pin.lineage)?;
                     Some((i, pin.lineage))
@@ -211,8 +237,11 @@ impl Router {
                             .iter()
                             .position(|s| s.lineage == pin.lineage && s.busy == 0)
                     });
-                let chosen =
-                    forked.or_else(|| choose_slot(&state.slots, policy, &opening, now, self.ttl()));
+                // A request queued at the node takes the first slot to free there: which
+                // one is known once it begins (`Dispatch::first_byte`).
+                let chosen = forked
+                    .or_else(|| choose_slot(&state.slots, policy, &opening, now, self.ttl()))
+                    .filter(|_| !queued);
                 let index = chosen.unwrap_or_else(|| {
                     state.slots.push(Slot::default());
                     state.slots.len() - 1
@@ -225,6 +254,9 @@ impl Router {
                 depth: p.chain.depth(),
                 opening,
             };
+            if queued {
+                dispatch.held = Some(held);
+            }
             occupy(state, index, held, now);
             (index, lineage)
         });
@@ -366,7 +398,19 @@ impl Drop for WaitTicket {
     }
 }
 
+/// How far past the number of requests a node is believed to run at once one is sent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Past {
+    /// Not past: into a free slot.
+    No,
+    /// One past, to learn whether the node runs more ([`Router::try_probe`]).
+    Probe,
+    /// One past, to wait in the node's own queue ([`Router::try_queue`]).
+    Queue,
+}
+
 /// What a request leaves in its slot.
+#[derive(Clone, Copy)]
 pub(super) struct Held {
     pub lineage: u64,
     pub depth: usize,
@@ -459,6 +503,11 @@ pub struct Dispatch {
     /// Sent past the number the node was believed to run at once (that number), and not
     /// yet shown to have run beside as many: a candidate for "the node queued it".
     probe: Option<usize>,
+    /// Sent one past the number the node runs at once, to wait in its queue
+    /// ([`Router::try_queue`]): it takes the first slot to free there.
+    queued: bool,
+    /// What a queued request leaves in the slot it takes once it begins.
+    held: Option<Held>,
     /// The most requests for the model the node was to run with this one.
     pub(super) limit: usize,
     /// The request's place in the books shared with other replicas, when there are.
@@ -488,7 +537,7 @@ impl Dispatch {
         let first_token_rate = self
             .prediction
             .filter(|p| p.affinity == AffinityResult::New)
-            .filter(|_| self.streamed && !self.reserved && self.probe.is_none())
+            .filter(|_| self.streamed && !self.reserved && self.probe.is_none() && !self.queued)
             .map(|p| p.estimated);
         let others = self.node.books(|books| {
             let state = books.models.get_mut(&self.model)?;
@@ -510,6 +559,29 @@ impl Dispatch {
             .filter(|&believed| super::parallel::probe_queued(believed, shown));
         if self.probe.is_some() && self.unseen_slot {
             self.take_freed_slot();
+        }
+        if let Some(held) = self.held.take() {
+            self.begin_in_freed_slot(held);
+        }
+    }
+
+    /// A request queued at the node began: in the first slot that freed there after it was
+    /// sent, which takes it as any prompt takes a slot (its conversation saved to the host
+    /// cache, idle slots copied there). Where no slot is seen to have freed, it stays where
+    /// the mirror put it, past the known slots, and is not counted warm after.
+    fn begin_in_freed_slot(&mut self, held: Held) {
+        let Some(own) = self.slot else { return };
+        let now = Instant::now();
+        let moved = self.node.books(|books| {
+            let state = books.models.get_mut(&self.model)?;
+            state.slots.get(own).filter(|s| s.busy == 1)?;
+            let freed = first_freed_since(&state.slots, own, self.started)?;
+            state.slots[own] = Slot::default();
+            occupy(state, freed, held, now);
+            Some(freed)
+        });
+        if let Some(freed) = moved {
+            self.slot = Some(freed);
         }
     }
 
@@ -543,20 +615,42 @@ impl Dispatch {
     /// node: most of its time to first byte went before the node began on it (the reply's
     /// load, prefill and, unstreamed, generation durations), or the reply does not say.
     fn waited_for_a_slot(&self, stats: &ReplyStats) -> bool {
-        let Some(ttfb) = self.first_byte.map(|t| t.as_secs_f64()) else {
+        if self.first_byte.is_none() {
             return false;
-        };
-        let Some(prefill) = stats.prefill_seconds() else {
-            return true;
-        };
+        }
+        self.worked_before_first_byte(stats)
+            .is_none_or(|(ttfb, worked)| super::parallel::waited(ttfb, worked))
+    }
+
+    /// The reply's seconds to its first byte, and the node's reported work before that byte
+    /// (load, prefill and, unstreamed, generation); `None` where either is not known.
+    fn worked_before_first_byte(&self, stats: &ReplyStats) -> Option<(f64, f64)> {
+        let ttfb = self.first_byte?.as_secs_f64();
+        let prefill = stats.prefill_seconds()?;
         let secs = |ns: Option<u64>| ns.map_or(0.0, |ns| ns as f64 / 1e9);
         let generation = if self.streamed {
             0.0
         } else {
             secs(stats.eval_duration)
         };
-        let worked = secs(stats.load_duration) + prefill + generation;
-        super::parallel::waited(ttfb, worked)
+        Some((ttfb, secs(stats.load_duration) + prefill + generation))
+    }
+
+    /// Learns how long the node takes to begin a request, from a reply sent into a free
+    /// slot (one sent past the slots may have waited for one).
+    fn learn_start_delay(&self, stats: &ReplyStats) {
+        if self.queued || self.probe.is_some() {
+            return;
+        }
+        let Some((ttfb, worked)) = self.worked_before_first_byte(stats) else {
+            return;
+        };
+        let delay = super::parallel::start_delay(ttfb, worked);
+        self.node.books(|books| {
+            if let Some(state) = books.models.get_mut(&self.model) {
+                state.start_s.record(delay);
+            }
+        });
     }
 }
 
@@ -608,6 +702,7 @@ impl Dispatch {
     /// learns from it (the node's kind and counting, its cold prefill rate, its host
     /// cache's capacity), and sets it against what corral predicted.
     pub fn observe(&mut self, stats: &ReplyStats) -> Option<Observation> {
+        self.learn_start_delay(stats);
         if let Some(believed) = self.probe.take()
             && self.waited_for_a_slot(stats)
         {

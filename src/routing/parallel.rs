@@ -42,6 +42,25 @@ pub fn probe_limit(believed: usize) -> usize {
     believed + 1
 }
 
+/// A node that takes at least this long to begin a request sent into a free slot (see
+/// `ModelState::start_s`) is sent one request more than it runs at once. That request
+/// waits in the node's own queue: the node's start-up work on it overlaps the requests
+/// running, and it begins the moment a slot frees rather than a start-up later. A node that
+/// begins within milliseconds (a GPU node's usual) is sent no more than it runs: corral
+/// then keeps the choice of node until a slot frees.
+pub const START_WORTH_HIDING_S: f64 = 0.1;
+
+/// Whether a node whose requests take `start_s` to begin is sent one more than it runs.
+pub fn queues_at_node(start_s: Option<f64>) -> bool {
+    start_s.is_some_and(|s| s >= START_WORTH_HIDING_S)
+}
+
+/// Seconds a reply took to begin at the node: its time to first byte `ttfb_s` less the
+/// node's reported work before that byte `worked_s`.
+pub fn start_delay(ttfb_s: f64, worked_s: f64) -> f64 {
+    (ttfb_s - worked_s).max(0.0)
+}
+
 /// Whether a reply that took `ttfb_s` to its first byte, of which the node reported
 /// `worked_s` of work (load, prefill), waited for a slot there: more than half of it
 /// went before the node began.
@@ -124,6 +143,24 @@ impl Probes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_is_queued_at_once_its_requests_take_a_tenth_of_a_second_to_begin() {
+        assert!(!queues_at_node(None), "nothing measured");
+        assert!(
+            !queues_at_node(Some(0.004)),
+            "a GPU node's few milliseconds"
+        );
+        assert!(queues_at_node(Some(0.1)));
+        assert!(queues_at_node(Some(1.2)), "Ollama on a busy CPU");
+    }
+
+    #[test]
+    fn a_request_began_when_its_reported_work_before_the_first_byte_did() {
+        assert_eq!(start_delay(1.5, 1.0), 0.5);
+        // Reported work longer than the wait (clocks, rounding): it began at once.
+        assert_eq!(start_delay(1.0, 1.2), 0.0);
+    }
 
     #[test]
     fn a_reply_waited_when_most_of_its_first_byte_went_before_the_work() {

@@ -1518,3 +1518,72 @@ fn a_new_conversations_first_token_gives_the_nodes_cold_rate_before_its_reply_en
     let rate = cold_rate().expect("known at the first token");
     assert!(rate > 0.0 && rate <= p.prompt_tokens as f64 / step.as_secs_f64());
 }
+
+#[test]
+fn a_node_slow_to_begin_a_request_is_sent_one_more_which_takes_the_slot_that_frees_first() {
+    let r = router(1, 1);
+    let node = r.fleet.nodes()[0].clone();
+    let long = "x".repeat(400);
+    let (a, b, c) = (
+        chat(&["a", "r", &long]),
+        chat(&["b", "r", &long]),
+        chat(&["c", "r", &long]),
+    );
+    let decision = r.decide(&a).unwrap();
+    let candidate = &decision.ranked[0];
+    // "a" began its prompt 120 ms or more after it was sent, into a free slot: the
+    // node's start-up (1 ms of it prefill).
+    let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
+    assert!(
+        r.try_queue(candidate, &b, false).is_none(),
+        "no start-up measured: corral keeps the choice of node"
+    );
+    std::thread::sleep(Duration::from_millis(120));
+    first.first_byte();
+    first.observe(&ReplyStats::parse(ollama_reply(12, 1).as_bytes()).unwrap());
+    end(first);
+    let mut running = sent(&r, r.try_send(candidate, &c, false).expect("free"), &c);
+    running.first_byte();
+    assert!(
+        r.try_send(candidate, &b, false).is_none(),
+        "its one slot runs c"
+    );
+    let mut queued = sent(&r, r.try_queue(candidate, &b, false).expect("queued"), &b);
+    assert!(
+        r.try_queue(candidate, &a, false).is_none(),
+        "one queued at most"
+    );
+    let follow_up = |turns: &Profile| {
+        let d = r.decide(turns).unwrap();
+        d.affinity_for(0)
+    };
+    let more = |name: &str| chat(&[name, "r", &long, "reply", "more"]);
+    // While b waits in the node's queue, c still holds the slot, and b holds none yet.
+    assert_eq!(follow_up(&more("c")), AffinityResult::Hit);
+    assert_eq!(follow_up(&more("b")), AffinityResult::Miss);
+    // c ended, b began in the slot it freed: c went to the host cache, as any
+    // conversation displaced from a slot does.
+    end(running);
+    queued.first_byte();
+    assert_eq!(follow_up(&more("b")), AffinityResult::Hit);
+    assert_eq!(follow_up(&more("c")), AffinityResult::Host);
+    end(queued);
+    // The place the mirror held b in meanwhile, past the node's slots, is gone.
+    serve(&r, &chat(&["d"]), 0);
+    assert_eq!(node.lock_books().models[MODEL].slots.len(), 1);
+}
+
+#[test]
+fn a_node_that_begins_requests_at_once_is_sent_no_more_than_it_runs() {
+    let r = router(1, 1);
+    let (a, b) = (chat(&["a"]), chat(&["b"]));
+    let decision = r.decide(&a).unwrap();
+    let candidate = &decision.ranked[0];
+    // Its whole time to first byte was prefill (a second of it, reported).
+    let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
+    first.first_byte();
+    first.observe(&ReplyStats::parse(ollama_reply(12, 1_000).as_bytes()).unwrap());
+    assert!(r.try_send(candidate, &b, false).is_none());
+    assert!(r.try_queue(candidate, &b, false).is_none());
+    end(first);
+}
