@@ -522,3 +522,184 @@ async fn an_idle_llama_server_takes_a_new_conversation() {
     assert_ne!(node, home, "the new conversation went to the idle node");
     drop(held);
 }
+
+/// What a node saw of one request when it arrived.
+#[derive(Clone, Debug)]
+struct Arrival {
+    /// The conversation's first message, and how many messages it had.
+    first: String,
+    messages: usize,
+    /// Requests the node was already working on.
+    beside: usize,
+}
+
+/// A node that takes `start_up` to begin every request (as Ollama on a busy CPU takes to
+/// render the template and hand the prompt to its runner), reports a 1 ms prefill, and
+/// works 1.5 s more on a conversation whose first message starts with "hold". It lists
+/// MODEL resident and records each request's arrival.
+struct SlowStartNode {
+    addr: std::net::SocketAddr,
+    arrivals: std::sync::Arc<std::sync::Mutex<Vec<Arrival>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SlowStartNode {
+    async fn start(start_up: Duration) -> SlowStartNode {
+        use axum::routing::{get, post};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Mutex};
+        let tags = serde_json::json!({ "models": [{ "name": MODEL, "model": MODEL, "size": 4_700_000_000u64 }] });
+        let ps = tags.clone();
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let working = Arc::new(AtomicUsize::new(0));
+        let seen = arrivals.clone();
+        let chat = move |axum::Json(body): axum::Json<serde_json::Value>| {
+            let (seen, working) = (seen.clone(), working.clone());
+            async move {
+                let messages = body["messages"].as_array().cloned().unwrap_or_default();
+                let first = messages.first().map_or(String::new(), |m| {
+                    m["content"].as_str().unwrap_or_default().to_string()
+                });
+                let beside = working.fetch_add(1, Ordering::SeqCst);
+                let hold = first.starts_with("hold");
+                seen.lock().unwrap().push(Arrival {
+                    first,
+                    messages: messages.len(),
+                    beside,
+                });
+                tokio::time::sleep(start_up).await;
+                let generation = if hold {
+                    Duration::from_millis(1500)
+                } else {
+                    Duration::ZERO
+                };
+                tokio::time::sleep(generation).await;
+                working.fetch_sub(1, Ordering::SeqCst);
+                axum::Json(serde_json::json!({
+                    "model": MODEL,
+                    "message": { "role": "assistant", "content": "fine" },
+                    "done": true,
+                    "prompt_eval_count": 40,
+                    "prompt_eval_duration": 1_000_000,
+                    "eval_count": 2,
+                    "eval_duration": generation.as_nanos() as u64 + 1_000,
+                }))
+            }
+        };
+        let app = axum::Router::new()
+            .route("/", get(|| async { "Ollama is running" }))
+            .route(
+                "/api/version",
+                get(|| async { axum::Json(serde_json::json!({ "version": "0.0.0" })) }),
+            )
+            .route(
+                "/api/tags",
+                get(move || {
+                    let t = tags.clone();
+                    async move { axum::Json(t) }
+                }),
+            )
+            .route(
+                "/api/ps",
+                get(move || {
+                    let t = ps.clone();
+                    async move { axum::Json(t) }
+                }),
+            )
+            .route("/api/chat", post(chat));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        SlowStartNode {
+            addr,
+            arrivals,
+            task,
+        }
+    }
+
+    fn spec(&self) -> NodeSpec {
+        NodeSpec {
+            name: "slow".into(),
+            url: format!("http://{}", self.addr),
+            memory_gb: None,
+            num_parallel: 1,
+            roles: Vec::new(),
+            multiuser_cache: false,
+        }
+    }
+
+    fn arrival(&self, first: &str, messages: usize) -> Arrival {
+        let arrivals = self.arrivals.lock().unwrap();
+        let found = arrivals
+            .iter()
+            .find(|a| a.first == first && a.messages == messages);
+        found
+            .cloned()
+            .unwrap_or_else(|| panic!("{first} never arrived: {arrivals:?}"))
+    }
+}
+
+impl Drop for SlowStartNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One slot; "a" served, then "hold" runs long in the slot while a's follow-up and a new
+/// conversation "c" come. Returns what the node saw of both when they arrived.
+async fn follow_up_and_new_beside_a_long_request(start_up: Duration) -> (Arrival, Arrival) {
+    let node = SlowStartNode::start(start_up).await;
+    let router = Router::start(vec![node.spec()], "").await;
+    let a = vec!["a".to_string()];
+    let (reply, _, _) = chat(&router, &a).await;
+    let held = {
+        let router_url = router.url();
+        tokio::spawn(async move {
+            let body = chat_body(&["hold".to_string()], false);
+            client()
+                .post(format!("{router_url}/api/chat"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    eventually("hold reaches the node", async || {
+        node.arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|x| x.first == "hold")
+    })
+    .await;
+    let follow_up = follow(a, reply, "and then?");
+    let (warm, cold) = tokio::join!(chat(&router, &follow_up), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        chat(&router, &["c".to_string()]).await
+    });
+    assert_eq!(held.await.unwrap(), 200);
+    assert!(!warm.0.is_empty() && !cold.0.is_empty());
+    (node.arrival("a", 3), node.arrival("c", 1))
+}
+
+#[tokio::test]
+async fn a_warm_follow_up_waits_in_the_queue_of_a_node_slow_to_begin_a_request() {
+    // 0.3 s from arrival to work on every request: corral measured it on "a" and sends a's
+    // follow-up, warm there, at once into the node's queue beside "hold", which holds the
+    // one slot. The new conversation "c", cold everywhere, still waits in corral until the
+    // slot frees.
+    let (follow_up, new) =
+        follow_up_and_new_beside_a_long_request(Duration::from_millis(300)).await;
+    assert_eq!(follow_up.beside, 1, "sent while hold ran: {follow_up:?}");
+    assert_eq!(new.beside, 0, "sent once hold ended: {new:?}");
+}
+
+#[tokio::test]
+async fn a_node_that_begins_at_once_gets_no_request_past_its_slots() {
+    let (follow_up, new) = follow_up_and_new_beside_a_long_request(Duration::ZERO).await;
+    assert_eq!(follow_up.beside, 0, "sent once hold ended: {follow_up:?}");
+    assert_eq!(new.beside, 0, "{new:?}");
+}

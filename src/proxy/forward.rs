@@ -597,11 +597,13 @@ fn reserve(
     let yields = yields_to_warm(warm, waited, config.queue.max_wait)
         && listener.warm_waiter_first(best.node.id);
     // Rather than wait for the best node, probe whether it runs more requests at once; or,
-    // where it is slow to begin a request, wait in its own queue.
+    // where it is slow to begin a request and holds this one's conversation, wait in its own
+    // queue. A request cold everywhere waits in corral, free to take whichever slot frees
+    // first.
     router
         .try_send(best, profile, yields)
         .or_else(|| router.try_probe(best, profile, yields))
-        .or_else(|| router.try_queue(best, profile, yields))
+        .or_else(|| warm.then(|| router.try_queue(best, profile, yields))?)
 }
 
 /// A node that failed before replying, and how.

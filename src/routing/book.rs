@@ -95,8 +95,9 @@ impl Router {
 
     /// [`Router::try_send`] one past the number the node runs at once, into the node's own
     /// queue, where the node is slow to begin a request
-    /// ([`super::parallel::queues_at_node`]): for a request that would otherwise wait in
-    /// corral for this node. `yields` as for [`Router::try_send`].
+    /// ([`super::parallel::queues_at_node`]): for a request warm there that would otherwise
+    /// wait in corral for this node (a cold one keeps the choice of node until a slot frees
+    /// anywhere). `yields` as for [`Router::try_send`].
     pub fn try_queue(
         self: &Arc<Self>,
         candidate: &Candidate,
@@ -255,9 +256,13 @@ impl Router {
                 opening,
             };
             if queued {
+                // Not in one of the node's slots yet: nothing is saved or copied to its
+                // host cache until it begins.
                 dispatch.held = Some(held);
+                hold(&mut state.slots[index], held, now);
+            } else {
+                occupy(state, index, held, now);
             }
-            occupy(state, index, held, now);
             (index, lineage)
         });
         dispatch.slot = Some(index);
@@ -432,13 +437,7 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
         let saved = displaced.saved(now);
         state.warm.host.save(saved);
     }
-    let slot = &mut state.slots[index];
-    slot.lineage = held.lineage;
-    slot.depth = held.depth;
-    slot.last_used = Some(now);
-    slot.busy += 1;
-    slot.tokens = held.opening.tokens;
-    slot.first = held.opening.first;
+    hold(&mut state.slots[index], held, now);
     // Once a task has its slot, llama-server copies every idle slot's conversation into its
     // host cache (`--cache-idle-slots`, on by default with a host cache:
     // `server-context.cpp`, after `launch_slot_with_task`). The copies take room there and
@@ -446,6 +445,16 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
     for idle in state.slots.iter().filter(|s| s.busy == 0) {
         state.warm.host.save(idle.saved(now));
     }
+}
+
+/// Puts a request in a slot: it uses it, and leaves its conversation there.
+fn hold(slot: &mut Slot, held: Held, now: Instant) {
+    slot.lineage = held.lineage;
+    slot.depth = held.depth;
+    slot.last_used = Some(now);
+    slot.busy += 1;
+    slot.tokens = held.opening.tokens;
+    slot.first = held.opening.first;
 }
 
 /// Makes the mirror `parallel` slots long. Slots beyond that, added for requests sent past
