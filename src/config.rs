@@ -120,6 +120,12 @@ pub struct NodeConfig {
     /// server behaves): to an empty slot, else the least recently used one.
     #[serde(default)]
     pub multiuser_cache: bool,
+    /// Send a request warm on the node one past its slots, to wait in the node's own queue,
+    /// where the node takes 0.1 s or more to begin a request (a CPU node, whose runner's
+    /// batch under way takes that long): the request then begins the moment a slot frees.
+    /// Off, every request waits in corral, free to go wherever a slot frees first.
+    #[serde(default)]
+    pub queue_at_node: bool,
     /// For an `https://` node: a PEM file of certificates to trust besides the system's
     /// roots (a lab's self-signed certificate or private CA).
     #[serde(default)]
@@ -605,6 +611,7 @@ impl NodeConfig {
             roles: Vec::new(),
             num_parallel: unknown_num_parallel(),
             multiuser_cache: false,
+            queue_at_node: false,
             ca_file: None,
             kind: NodeKind::Auto,
         }

@@ -283,7 +283,7 @@ impl FleetCollector {
         let start_delay = prometheus::GaugeVec::new(
             Opts::new(
                 "corral_node_start_delay_seconds",
-                "Recent seconds from sending a request into a free slot to the node beginning its prompt; from 0.1 s on, corral sends the node one request more than it runs at once, to wait in its own queue.",
+                "Recent seconds from sending a request into a free slot to the node beginning its prompt; from 0.1 s on, a node set to queue_at_node is sent one request more than it runs at once, to wait in its own queue.",
             ),
             &["node", "model"],
         )?;

@@ -619,15 +619,12 @@ impl SlowStartNode {
         }
     }
 
-    fn spec(&self) -> NodeSpec {
-        NodeSpec {
-            name: "slow".into(),
-            url: format!("http://{}", self.addr),
-            memory_gb: None,
-            num_parallel: 1,
-            roles: Vec::new(),
-            multiuser_cache: false,
-        }
+    /// Its entry in corral's `nodes:`, one slot.
+    fn yaml(&self, queue_at_node: bool) -> String {
+        format!(
+            "  - name: slow\n    url: http://{}\n    num_parallel: 1\n    queue_at_node: {queue_at_node}\n",
+            self.addr
+        )
     }
 
     fn arrival(&self, first: &str, messages: usize) -> Arrival {
@@ -649,9 +646,12 @@ impl Drop for SlowStartNode {
 
 /// One slot; "a" served, then "hold" runs long in the slot while a's follow-up and a new
 /// conversation "c" come. Returns what the node saw of both when they arrived.
-async fn follow_up_and_new_beside_a_long_request(start_up: Duration) -> (Arrival, Arrival) {
+async fn follow_up_and_new_beside_a_long_request(
+    start_up: Duration,
+    queue_at_node: bool,
+) -> (Arrival, Arrival) {
     let node = SlowStartNode::start(start_up).await;
-    let router = Router::start(vec![node.spec()], "").await;
+    let router = Router::start_with_node_yaml(&node.yaml(queue_at_node), "").await;
     let a = vec!["a".to_string()];
     let (reply, _, _) = chat(&router, &a).await;
     let held = {
@@ -687,19 +687,22 @@ async fn follow_up_and_new_beside_a_long_request(start_up: Duration) -> (Arrival
 
 #[tokio::test]
 async fn a_warm_follow_up_waits_in_the_queue_of_a_node_slow_to_begin_a_request() {
-    // 0.3 s from arrival to work on every request: corral measured it on "a" and sends a's
-    // follow-up, warm there, at once into the node's queue beside "hold", which holds the
-    // one slot. The new conversation "c", cold everywhere, still waits in corral until the
-    // slot frees.
-    let (follow_up, new) =
-        follow_up_and_new_beside_a_long_request(Duration::from_millis(300)).await;
+    // Configured to queue at the node, which takes 0.3 s from arrival to work on every
+    // request: corral measured it on "a" and sends a's follow-up, warm there, at once into
+    // the node's queue beside "hold", which holds the one slot. The new conversation "c",
+    // cold everywhere, still waits in corral until the slot frees.
+    let start_up = Duration::from_millis(300);
+    let (follow_up, new) = follow_up_and_new_beside_a_long_request(start_up, true).await;
     assert_eq!(follow_up.beside, 1, "sent while hold ran: {follow_up:?}");
     assert_eq!(new.beside, 0, "sent once hold ended: {new:?}");
 }
 
 #[tokio::test]
-async fn a_node_that_begins_at_once_gets_no_request_past_its_slots() {
-    let (follow_up, new) = follow_up_and_new_beside_a_long_request(Duration::ZERO).await;
-    assert_eq!(follow_up.beside, 0, "sent once hold ended: {follow_up:?}");
-    assert_eq!(new.beside, 0, "{new:?}");
+async fn no_request_goes_past_the_slots_of_a_node_that_begins_at_once_or_is_not_set_to_queue() {
+    for (start_up, queue_at_node) in [(Duration::ZERO, true), (Duration::from_millis(300), false)] {
+        let (follow_up, new) =
+            follow_up_and_new_beside_a_long_request(start_up, queue_at_node).await;
+        assert_eq!(follow_up.beside, 0, "sent once hold ended: {follow_up:?}");
+        assert_eq!(new.beside, 0, "{new:?}");
+    }
 }

@@ -99,8 +99,8 @@ impl Slot {
 #[derive(Clone, Debug, Default)]
 pub struct ModelState {
     /// Requests sent to this node for this model and not finished. corral sends at most
-    /// `num_parallel`, so they all run, and one more where the node is slow to begin a
-    /// request (see `start_s`), which waits in the node's own queue.
+    /// `num_parallel`, so they all run, and one more to a node set to `queue_at_node` that is
+    /// slow to begin a request (see `start_s`), which waits in the node's own queue.
     pub in_flight: u32,
     /// Requests waiting in corral for a slot here, this node being their best choice.
     pub waiting: u32,
@@ -128,9 +128,9 @@ pub struct ModelState {
     /// Seconds the node took to load the model, from replies that loaded it.
     pub load_s: Ewma,
     /// Seconds from sending a request into a free slot to the node beginning its prompt:
-    /// the reply's time to first byte less its load and prefill. Ollama's own work on the
-    /// request (its template, the hop to the runner) and the wait for the runner's batch
-    /// under way.
+    /// the reply's time to first byte less its load and prefill. The runner's batch under
+    /// way, which the request waits for, and Ollama's own work on it (the template, the hop
+    /// to the runner).
     pub start_s: Ewma,
     /// What the node keeps warm beyond its slots, and its cold prefill rate, as learned
     /// from its replies.

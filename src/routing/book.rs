@@ -94,10 +94,10 @@ impl Router {
     }
 
     /// [`Router::try_send`] one past the number the node runs at once, into the node's own
-    /// queue, where the node is slow to begin a request
-    /// ([`super::parallel::queues_at_node`]): for a request warm there that would otherwise
-    /// wait in corral for this node (a cold one keeps the choice of node until a slot frees
-    /// anywhere). `yields` as for [`Router::try_send`].
+    /// queue, where the node is configured so (`nodes[].queue_at_node`) and slow to begin a
+    /// request ([`super::parallel::queues_at_node`]): for a request warm there that would
+    /// otherwise wait in corral for this node (a cold one keeps the choice of node until a
+    /// slot frees anywhere). `yields` as for [`Router::try_send`].
     pub fn try_queue(
         self: &Arc<Self>,
         candidate: &Candidate,
@@ -105,6 +105,9 @@ impl Router {
         yields: bool,
     ) -> Option<Reserved> {
         let node = &candidate.node;
+        if !node.settings().queue_at_node {
+            return None;
+        }
         let slow_to_begin = node.books(|books| {
             let state = books.models.get(p.model_key.as_str());
             super::parallel::queues_at_node(state.and_then(|s| s.start_s.get()))
@@ -217,13 +220,15 @@ impl Router {
             let (index, lineage) = continued.unwrap_or_else(|| {
                 // A conversation restored from the host cache leaves it, and goes on in
                 // its own lineage if the request continues it.
-                let restored = pin.filter(|pin| pin.in_host).and_then(|pin| {
+                // A queued request restores it only once it begins (`begin_in_freed_slot`):
+                // until then it stays in the host cache, where others' saves may push it out.
+                let restored = pin.filter(|pin| pin.in_host && !queued).and_then(|pin| {
                     let entry = state.warm.host.take(pin.lineage)?;
                     self.turn_gaps
                         .record(now.saturating_duration_since(entry.last_used));
                     Some(pin)
                 });
-                let lineage = match restored {
+                let lineage = match restored.or(pin.filter(|_| queued)) {
                     Some(pin) if pin.continues => pin.lineage,
                     _ => self.next_lineage.fetch_add(1, Ordering::Relaxed),
                 };
@@ -240,8 +245,11 @@ impl Router {
                     });
                 // A request queued at the node takes the first slot to free there: which
                 // one is known once it begins (`Dispatch::first_byte`).
+                // Among the node's own slots: places past them, where queued requests were
+                // held until they began, are not slots of the node's.
+                let known = &state.slots[..parallel.min(state.slots.len())];
                 let chosen = forked
-                    .or_else(|| choose_slot(&state.slots, policy, &opening, now, self.ttl()))
+                    .or_else(|| choose_slot(known, policy, &opening, now, self.ttl()))
                     .filter(|_| !queued);
                 let index = chosen.unwrap_or_else(|| {
                     state.slots.push(Slot::default());
@@ -586,6 +594,8 @@ impl Dispatch {
             state.slots.get(own).filter(|s| s.busy == 1)?;
             let freed = first_freed_since(&state.slots, own, self.started)?;
             state.slots[own] = Slot::default();
+            // Its conversation, if the host cache kept it, comes back from there.
+            state.warm.host.take(held.lineage);
             occupy(state, freed, held, now);
             Some(freed)
         });

@@ -42,12 +42,11 @@ pub fn probe_limit(believed: usize) -> usize {
     believed + 1
 }
 
-/// A node that takes at least this long to begin a request sent into a free slot (see
-/// `ModelState::start_s`) is sent one request more than it runs at once. That request
-/// waits in the node's own queue: the node's start-up work on it overlaps the requests
-/// running, and it begins the moment a slot frees rather than a start-up later. A node that
-/// begins within milliseconds (a GPU node's usual) is sent no more than it runs: corral
-/// then keeps the choice of node until a slot frees.
+/// A node set to `queue_at_node` that takes at least this long to begin a request sent into
+/// a free slot (see `ModelState::start_s`) is sent one request more than it runs at once.
+/// That request waits in the node's own queue and begins the moment a slot frees, in the
+/// runner's next batch rather than the one after. A node that begins within milliseconds is
+/// sent no more than it runs: corral then keeps the choice of node until a slot frees.
 pub const START_WORTH_HIDING_S: f64 = 0.1;
 
 /// Whether a node whose requests take `start_s` to begin is sent one more than it runs.

@@ -23,6 +23,18 @@ fn router(n: usize, slots: usize) -> Arc<Router> {
     router_with(n, slots, false, NodeKind::Auto)
 }
 
+/// [`router`] over nodes configured to queue a warm request at the node when it is slow to
+/// begin one (`nodes[].queue_at_node`).
+fn queuing_router(n: usize, slots: usize) -> Arc<Router> {
+    let r = router(n, slots);
+    for node in r.fleet.nodes().iter() {
+        let mut settings = (*node.settings()).clone();
+        settings.queue_at_node = true;
+        node.set_settings(settings);
+    }
+    r
+}
+
 /// The same over nodes running Ollama's old runner.
 fn legacy_router(n: usize, slots: usize, multiuser_cache: bool) -> Arc<Router> {
     router_with(n, slots, multiuser_cache, NodeKind::OllamaLegacy)
@@ -1521,7 +1533,7 @@ fn a_new_conversations_first_token_gives_the_nodes_cold_rate_before_its_reply_en
 
 #[test]
 fn a_node_slow_to_begin_a_request_is_sent_one_more_which_takes_the_slot_that_frees_first() {
-    let r = router(1, 1);
+    let r = queuing_router(1, 1);
     let node = r.fleet.nodes()[0].clone();
     let long = "x".repeat(400);
     let (a, b, c) = (
@@ -1575,7 +1587,7 @@ fn a_node_slow_to_begin_a_request_is_sent_one_more_which_takes_the_slot_that_fre
 
 #[test]
 fn a_node_that_begins_requests_at_once_is_sent_no_more_than_it_runs() {
-    let r = router(1, 1);
+    let r = queuing_router(1, 1);
     let (a, b) = (chat(&["a"]), chat(&["b"]));
     let decision = r.decide(&a).unwrap();
     let candidate = &decision.ranked[0];
@@ -1583,6 +1595,80 @@ fn a_node_that_begins_requests_at_once_is_sent_no_more_than_it_runs() {
     let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
     first.first_byte();
     first.observe(&ReplyStats::parse(ollama_reply(12, 1_000).as_bytes()).unwrap());
+    assert!(r.try_send(candidate, &b, false).is_none());
+    assert!(r.try_queue(candidate, &b, false).is_none());
+    end(first);
+}
+
+#[test]
+fn a_request_is_not_put_where_a_queued_one_waited_past_the_nodes_slots() {
+    let r = queuing_router(1, 2);
+    let long = "x".repeat(400);
+    let conv = |name: &str| chat(&[name, "r", &long]);
+    let more = |name: &str| chat(&[name, "r", &long, "reply", "more"]);
+    let decision = r.decide(&conv("a")).unwrap();
+    let candidate = &decision.ranked[0];
+    let send = |name: &str| {
+        sent(
+            &r,
+            r.try_send(candidate, &conv(name), false).unwrap(),
+            &conv(name),
+        )
+    };
+    let queue = |name: &str| {
+        let reserved = r.try_queue(candidate, &more(name), false).expect("queued");
+        sent(&r, reserved, &more(name))
+    };
+    let pause = || std::thread::sleep(Duration::from_millis(2));
+    let mut a = send("a");
+    std::thread::sleep(Duration::from_millis(120));
+    a.first_byte();
+    a.observe(&ReplyStats::parse(ollama_reply(12, 1).as_bytes()).unwrap());
+    end(a);
+    for name in ["q1", "q2"] {
+        serve(&r, &conv(name), 0);
+    }
+    let (mut r1, mut r2) = (send("r1"), send("r2"));
+    r1.first_byte();
+    r2.first_byte();
+    // Two follow-ups queue at the node in turn, each taking the slot that frees next.
+    let mut q1 = queue("q1");
+    pause();
+    end(r1);
+    let mut q2 = queue("q2");
+    q1.first_byte();
+    pause();
+    end(r2);
+    pause();
+    end(q1);
+    // A slot is free: a new conversation goes into one of the node's two, not into the
+    // place q1 waited in past them.
+    let mut n = send("n");
+    n.first_byte();
+    q2.first_byte();
+    end(n);
+    end(q2);
+    let affinity = |name: &str| {
+        r.decide(&chat(&[name, "r", &long, "reply", "more", "r", "again"]))
+            .unwrap()
+            .affinity_for(0)
+    };
+    assert_eq!(affinity("q1"), AffinityResult::Host);
+    assert_eq!(affinity("q2"), AffinityResult::Hit);
+    let new_follow_up = r.decide(&more("n")).unwrap();
+    assert_eq!(new_follow_up.affinity_for(0), AffinityResult::Hit);
+}
+
+#[test]
+fn a_node_not_configured_to_queue_is_sent_no_more_than_it_runs_however_slow_to_begin() {
+    let r = router(1, 1);
+    let (a, b) = (chat(&["a"]), chat(&["b"]));
+    let decision = r.decide(&a).unwrap();
+    let candidate = &decision.ranked[0];
+    let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
+    std::thread::sleep(Duration::from_millis(120));
+    first.first_byte();
+    first.observe(&ReplyStats::parse(ollama_reply(12, 1).as_bytes()).unwrap());
     assert!(r.try_send(candidate, &b, false).is_none());
     assert!(r.try_queue(candidate, &b, false).is_none());
     end(first);
