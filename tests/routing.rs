@@ -545,11 +545,9 @@ struct SlowStartNode {
 
 impl SlowStartNode {
     async fn start(start_up: Duration) -> SlowStartNode {
-        use axum::routing::{get, post};
+        use axum::routing::post;
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::{Arc, Mutex};
-        let tags = serde_json::json!({ "models": [{ "name": MODEL, "model": MODEL, "size": 4_700_000_000u64 }] });
-        let ps = tags.clone();
         let arrivals = Arc::new(Mutex::new(Vec::new()));
         let working = Arc::new(AtomicUsize::new(0));
         let seen = arrivals.clone();
@@ -586,27 +584,7 @@ impl SlowStartNode {
                 }))
             }
         };
-        let app = axum::Router::new()
-            .route("/", get(|| async { "Ollama is running" }))
-            .route(
-                "/api/version",
-                get(|| async { axum::Json(serde_json::json!({ "version": "0.0.0" })) }),
-            )
-            .route(
-                "/api/tags",
-                get(move || {
-                    let t = tags.clone();
-                    async move { axum::Json(t) }
-                }),
-            )
-            .route(
-                "/api/ps",
-                get(move || {
-                    let t = ps.clone();
-                    async move { axum::Json(t) }
-                }),
-            )
-            .route("/api/chat", post(chat));
+        let app = ollama_listing(MODEL, "0.0.0").route("/api/chat", post(chat));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {

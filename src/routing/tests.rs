@@ -98,6 +98,14 @@ fn start(r: &Arc<Router>, p: &Profile, node: usize) -> Dispatch {
     sent(r, r.try_dispatch(&r.fleet.nodes()[node], p).unwrap(), p)
 }
 
+/// The request's reply begins `wait` after it was sent, 1 ms of it prefill: the rest was the
+/// node's start-up.
+fn began_after(d: &mut Dispatch, wait: Duration) {
+    std::thread::sleep(wait);
+    d.first_byte();
+    d.observe(&ReplyStats::parse(ollama_reply(12, 1).as_bytes()).unwrap());
+}
+
 /// Ends a request as served.
 fn end(d: Dispatch) {
     d.finish(Outcome {
@@ -1550,9 +1558,7 @@ fn a_node_slow_to_begin_a_request_is_sent_one_more_which_takes_the_slot_that_fre
         r.try_queue(candidate, &b, false).is_none(),
         "no start-up measured: corral keeps the choice of node"
     );
-    std::thread::sleep(Duration::from_millis(120));
-    first.first_byte();
-    first.observe(&ReplyStats::parse(ollama_reply(12, 1).as_bytes()).unwrap());
+    began_after(&mut first, Duration::from_millis(120));
     end(first);
     let mut running = sent(&r, r.try_send(candidate, &c, false).expect("free"), &c);
     running.first_byte();
@@ -1621,9 +1627,7 @@ fn a_request_is_not_put_where_a_queued_one_waited_past_the_nodes_slots() {
     };
     let pause = || std::thread::sleep(Duration::from_millis(2));
     let mut a = send("a");
-    std::thread::sleep(Duration::from_millis(120));
-    a.first_byte();
-    a.observe(&ReplyStats::parse(ollama_reply(12, 1).as_bytes()).unwrap());
+    began_after(&mut a, Duration::from_millis(120));
     end(a);
     for name in ["q1", "q2"] {
         serve(&r, &conv(name), 0);
@@ -1666,9 +1670,7 @@ fn a_node_not_configured_to_queue_is_sent_no_more_than_it_runs_however_slow_to_b
     let decision = r.decide(&a).unwrap();
     let candidate = &decision.ranked[0];
     let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
-    std::thread::sleep(Duration::from_millis(120));
-    first.first_byte();
-    first.observe(&ReplyStats::parse(ollama_reply(12, 1).as_bytes()).unwrap());
+    began_after(&mut first, Duration::from_millis(120));
     assert!(r.try_send(candidate, &b, false).is_none());
     assert!(r.try_queue(candidate, &b, false).is_none());
     end(first);

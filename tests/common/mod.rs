@@ -371,6 +371,34 @@ pub fn header(resp: &reqwest::Response, name: &str) -> String {
         .to_string()
 }
 
+/// The routes of an Ollama server that has `model` on disk and loaded, for a test node to
+/// add its `/api/chat` to: what corral's health checks and polls read.
+pub fn ollama_listing(model: &str, version: &'static str) -> axum::Router {
+    use axum::routing::get;
+    let tags = serde_json::json!({ "models": [{ "name": model, "model": model, "size": 4_700_000_000u64 }] });
+    let ps = tags.clone();
+    axum::Router::new()
+        .route("/", get(|| async { "Ollama is running" }))
+        .route(
+            "/api/version",
+            get(move || async move { axum::Json(serde_json::json!({ "version": version })) }),
+        )
+        .route(
+            "/api/tags",
+            get(move || {
+                let t = tags.clone();
+                async move { axum::Json(t) }
+            }),
+        )
+        .route(
+            "/api/ps",
+            get(move || {
+                let t = ps.clone();
+                async move { axum::Json(t) }
+            }),
+        )
+}
+
 /// A node that lists MODEL as resident and answers `/api/chat` with the exact bytes it
 /// received: proves a body crossed the router unchanged.
 pub struct EchoNode {
@@ -380,29 +408,8 @@ pub struct EchoNode {
 
 impl EchoNode {
     pub async fn start() -> EchoNode {
-        use axum::routing::{get, post};
-        let tags = serde_json::json!({ "models": [{ "name": MODEL, "model": MODEL, "size": 4_700_000_000u64 }] });
-        let ps = tags.clone();
-        let app = axum::Router::new()
-            .route("/", get(|| async { "Ollama is running" }))
-            .route(
-                "/api/version",
-                get(|| async { axum::Json(serde_json::json!({ "version": "0.0.0-echo" })) }),
-            )
-            .route(
-                "/api/tags",
-                get(move || {
-                    let t = tags.clone();
-                    async move { axum::Json(t) }
-                }),
-            )
-            .route(
-                "/api/ps",
-                get(move || {
-                    let t = ps.clone();
-                    async move { axum::Json(t) }
-                }),
-            )
+        use axum::routing::post;
+        let app = ollama_listing(MODEL, "0.0.0-echo")
             .route(
                 "/api/chat",
                 post(|body: axum::body::Bytes| async move {
