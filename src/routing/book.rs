@@ -219,9 +219,9 @@ impl Router {
             }
             let (index, lineage) = continued.unwrap_or_else(|| {
                 // A conversation restored from the host cache leaves it, and goes on in
-                // its own lineage if the request continues it.
-                // A queued request restores it only once it begins (`begin_in_freed_slot`):
-                // until then it stays in the host cache, where others' saves may push it out.
+                // its own lineage if the request continues it. A queued request restores it
+                // once it begins (`begin_in_freed_slot`): until then it stays in the host
+                // cache, where others' saves may push it out.
                 let restored = pin.filter(|pin| pin.in_host && !queued).and_then(|pin| {
                     let entry = state.warm.host.take(pin.lineage)?;
                     self.turn_gaps
@@ -243,14 +243,15 @@ impl Router {
                             .iter()
                             .position(|s| s.lineage == pin.lineage && s.busy == 0)
                     });
-                // A request queued at the node takes the first slot to free there: which
-                // one is known once it begins (`Dispatch::first_byte`).
-                // Among the node's own slots: places past them, where queued requests were
-                // held until they began, are not slots of the node's.
+                // A request queued at the node takes the first slot to free there, known
+                // once it begins (`Dispatch::first_byte`); any other, one of the node's own
+                // slots, never a place past them where a queued request waited.
                 let known = &state.slots[..parallel.min(state.slots.len())];
-                let chosen = forked
-                    .or_else(|| choose_slot(known, policy, &opening, now, self.ttl()))
-                    .filter(|_| !queued);
+                let chosen = if queued {
+                    None
+                } else {
+                    forked.or_else(|| choose_slot(known, policy, &opening, now, self.ttl()))
+                };
                 let index = chosen.unwrap_or_else(|| {
                     state.slots.push(Slot::default());
                     state.slots.len() - 1
