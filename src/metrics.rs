@@ -283,7 +283,10 @@ impl FleetCollector {
         let start_delay = prometheus::GaugeVec::new(
             Opts::new(
                 "corral_node_start_delay_seconds",
-                "Recent seconds from sending a request into a free slot to the node beginning its prompt; from 0.1 s on, a node set to queue_at_node is sent one request more than it runs at once, to wait in its own queue.",
+                format!(
+                    "Recent seconds from sending a request into a free slot to the node beginning its prompt; from {} s on, a node set to queue_at_node is sent one request more than it runs at once, to wait in its own queue.",
+                    crate::routing::parallel::START_WORTH_HIDING_S
+                ),
             ),
             &["node", "model"],
         )?;

@@ -108,13 +108,6 @@ impl Router {
         if !node.settings().queue_at_node {
             return None;
         }
-        let slow_to_begin = node.books(|books| {
-            let state = books.models.get(p.model_key.as_str());
-            super::parallel::queues_at_node(state.and_then(|s| s.start_s.get()))
-        });
-        if !slow_to_begin {
-            return None;
-        }
         self.dispatch(node, p, !candidate.resident, Past::Queue, yields)
             .map(Reserved)
     }
@@ -140,7 +133,12 @@ impl Router {
             // A probe is not sent into a slot left to a warm waiter: that would neither
             // yield nor test anything.
             let into_left_slot = probe && left_to_warm > 0 && (state.in_flight as usize) < believed;
-            if (state.in_flight + left_to_warm) as usize >= limit || into_left_slot {
+            let quick_to_begin =
+                past == Past::Queue && !super::parallel::queues_at_node(state.start_s.get());
+            if (state.in_flight + left_to_warm) as usize >= limit
+                || into_left_slot
+                || quick_to_begin
+            {
                 return None;
             }
             state.in_flight += 1;
@@ -161,6 +159,7 @@ impl Router {
             reserved,
             prediction: None,
             prefill_tps: None,
+            start_s: None,
             started: Instant::now(),
             streamed: p.stream,
             first_byte: None,
@@ -512,6 +511,9 @@ pub struct Dispatch {
     /// What corral expected of the node's cache when it sent the request.
     prediction: Option<Prediction>,
     prefill_tps: Option<f64>,
+    /// Seconds the node took to begin the request, from its reply: learned with the node's
+    /// speeds when the request finishes.
+    start_s: Option<f64>,
     started: Instant,
     /// The client asked for a stream: the reply's first byte carries its first token.
     streamed: bool,
@@ -656,21 +658,14 @@ impl Dispatch {
         Some((ttfb, secs(stats.load_duration) + prefill + generation))
     }
 
-    /// Learns how long the node takes to begin a request, from a reply sent into a free
-    /// slot (one sent past the slots may have waited for one).
-    fn learn_start_delay(&self, stats: &ReplyStats) {
+    /// How long the node took to begin the request, where it was sent into a free slot (one
+    /// sent past the slots may have waited for one).
+    fn start_delay(&self, stats: &ReplyStats) -> Option<f64> {
         if self.queued || self.probe.is_some() {
-            return;
+            return None;
         }
-        let Some((ttfb, worked)) = self.worked_before_first_byte(stats) else {
-            return;
-        };
-        let delay = super::parallel::start_delay(ttfb, worked);
-        self.node.books(|books| {
-            if let Some(state) = books.models.get_mut(&self.model) {
-                state.start_s.record(delay);
-            }
-        });
+        let (ttfb, worked) = self.worked_before_first_byte(stats)?;
+        Some(super::parallel::start_delay(ttfb, worked))
     }
 }
 
@@ -722,7 +717,7 @@ impl Dispatch {
     /// learns from it (the node's kind and counting, its cold prefill rate, its host
     /// cache's capacity), and sets it against what corral predicted.
     pub fn observe(&mut self, stats: &ReplyStats) -> Option<Observation> {
-        self.learn_start_delay(stats);
+        self.start_s = self.start_delay(stats);
         if let Some(believed) = self.probe.take()
             && self.waited_for_a_slot(stats)
         {
@@ -864,6 +859,9 @@ impl Dispatch {
             }
             if let Some(tps) = decode_tps {
                 state.decode_tps.record(tps);
+            }
+            if let Some(start_s) = self.start_s {
+                state.start_s.record(start_s);
             }
             if outcome.prefill_tps.or(own_prefill).is_some() || decode_tps.is_some() {
                 state.speed_at = Some(Instant::now());

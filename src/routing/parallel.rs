@@ -151,7 +151,10 @@ mod tests {
             "a GPU node's few milliseconds"
         );
         assert!(queues_at_node(Some(0.1)));
-        assert!(queues_at_node(Some(1.2)), "Ollama on a busy CPU");
+        assert!(
+            queues_at_node(Some(1.2)),
+            "a one-thread CPU node under load"
+        );
     }
 
     #[test]

@@ -1592,21 +1592,6 @@ fn a_node_slow_to_begin_a_request_is_sent_one_more_which_takes_the_slot_that_fre
 }
 
 #[test]
-fn a_node_that_begins_requests_at_once_is_sent_no_more_than_it_runs() {
-    let r = queuing_router(1, 1);
-    let (a, b) = (chat(&["a"]), chat(&["b"]));
-    let decision = r.decide(&a).unwrap();
-    let candidate = &decision.ranked[0];
-    // Its whole time to first byte was prefill (a second of it, reported).
-    let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
-    first.first_byte();
-    first.observe(&ReplyStats::parse(ollama_reply(12, 1_000).as_bytes()).unwrap());
-    assert!(r.try_send(candidate, &b, false).is_none());
-    assert!(r.try_queue(candidate, &b, false).is_none());
-    end(first);
-}
-
-#[test]
 fn a_request_is_not_put_where_a_queued_one_waited_past_the_nodes_slots() {
     let r = queuing_router(1, 2);
     let long = "x".repeat(400);
@@ -1664,14 +1649,35 @@ fn a_request_is_not_put_where_a_queued_one_waited_past_the_nodes_slots() {
 }
 
 #[test]
-fn a_node_not_configured_to_queue_is_sent_no_more_than_it_runs_however_slow_to_begin() {
-    let r = router(1, 1);
-    let (a, b) = (chat(&["a"]), chat(&["b"]));
-    let decision = r.decide(&a).unwrap();
-    let candidate = &decision.ranked[0];
-    let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
-    began_after(&mut first, Duration::from_millis(120));
-    assert!(r.try_send(candidate, &b, false).is_none());
-    assert!(r.try_queue(candidate, &b, false).is_none());
-    end(first);
+fn a_node_is_sent_no_more_than_it_runs_unless_set_to_queue_and_slow_to_begin() {
+    // (set to queue, time to first byte beyond the 1 ms of prefill reported, queued?)
+    let cases = [
+        (true, Duration::ZERO, false),
+        (false, Duration::from_millis(120), false),
+        (true, Duration::from_millis(120), true),
+    ];
+    for (queue_at_node, wait, queued) in cases {
+        let r = if queue_at_node {
+            queuing_router(1, 1)
+        } else {
+            router(1, 1)
+        };
+        let (a, b, c) = (chat(&["a"]), chat(&["b"]), chat(&["c"]));
+        let decision = r.decide(&a).unwrap();
+        let candidate = &decision.ranked[0];
+        let mut first = sent(&r, r.try_send(candidate, &a, false).expect("free"), &a);
+        began_after(&mut first, wait);
+        end(first);
+        let _running = sent(&r, r.try_send(candidate, &c, false).expect("free"), &c);
+        assert!(
+            r.try_send(candidate, &b, false).is_none(),
+            "its one slot runs c"
+        );
+        let case = (queue_at_node, wait);
+        assert_eq!(
+            r.try_queue(candidate, &b, false).is_some(),
+            queued,
+            "{case:?}"
+        );
+    }
 }
