@@ -20,7 +20,7 @@ pub enum Policy {
     /// The node with the fewest requests in flight from this client.
     LeastConnections,
     /// A hash of the conversation picks the node: a sticky session, as `hash $cookie` in
-    /// nginx would do with a session cookie.
+    /// nginx would do with a session cookie. Salted by the seed, as random chat ids would be.
     StickyHash,
     /// A hash of the conversation picks the node, each node weighted by its slots
     /// (nginx `hash ... consistent` with `weight=` set to the slots), salted by the seed as
@@ -123,7 +123,7 @@ impl Picker {
             Policy::HashBySlots => self.hash_by_slots(conversation, candidates),
             Policy::LeastPerSlot => self.least_per_slot(candidates),
             Policy::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
-            Policy::StickyHash => sticky(conversation, n),
+            Policy::StickyHash => sticky(conversation, n, self.salt),
             Policy::LeastConnections => self.least_loaded(candidates),
         };
         let node = candidates[i];
@@ -180,8 +180,8 @@ impl Picker {
     }
 }
 
-fn sticky(conversation: usize, n: usize) -> usize {
-    let h = twox_hash::XxHash3_64::oneshot(&(conversation as u64).to_le_bytes());
+fn sticky(conversation: usize, n: usize, salt: u64) -> usize {
+    let h = twox_hash::XxHash3_64::oneshot_with_seed(salt, &(conversation as u64).to_le_bytes());
     (h % n as u64) as usize
 }
 
@@ -250,16 +250,18 @@ mod tests {
     #[test]
     fn the_seed_draws_a_new_partition_of_the_conversations() {
         let nodes = [0, 1, 2, 3];
-        let partition = |seed| {
-            let p = Picker::new(Policy::HashBySlots, vec![4, 4, 2, 2], seed);
-            (0..24)
-                .filter_map(|c| p.pick(c, &nodes).map(|f| f.node))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(partition(1), partition(1), "one seed, one partition");
-        let differ = (2..6)
-            .filter(|&seed| partition(seed) != partition(1))
-            .count();
-        assert_eq!(differ, 4, "every other seed moves some conversation");
+        for policy in [Policy::HashBySlots, Policy::StickyHash] {
+            let partition = |seed| {
+                let p = Picker::new(policy, vec![4, 4, 2, 2], seed);
+                (0..24)
+                    .filter_map(|c| p.pick(c, &nodes).map(|f| f.node))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(partition(1), partition(1), "{policy:?}: one seed, one partition");
+            let differ = (2..6)
+                .filter(|&seed| partition(seed) != partition(1))
+                .count();
+            assert_eq!(differ, 4, "{policy:?}: every other seed moves some conversation");
+        }
     }
 }
