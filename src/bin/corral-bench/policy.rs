@@ -257,11 +257,18 @@ mod tests {
                     .filter_map(|c| p.pick(c, &nodes).map(|f| f.node))
                     .collect::<Vec<_>>()
             };
-            assert_eq!(partition(1), partition(1), "{policy:?}: one seed, one partition");
+            assert_eq!(
+                partition(1),
+                partition(1),
+                "{policy:?}: one seed, one partition"
+            );
             let differ = (2..6)
                 .filter(|&seed| partition(seed) != partition(1))
                 .count();
-            assert_eq!(differ, 4, "{policy:?}: every other seed moves some conversation");
+            assert_eq!(
+                differ, 4,
+                "{policy:?}: every other seed moves some conversation"
+            );
         }
     }
 }
