@@ -267,11 +267,12 @@ impl Router {
                     && policy == SlotPolicy::MostSimilar
                     && !opening.opens_like(slot);
                 if restores {
-                    let saved = (slot.lineage != 0 && opening.saves(slot)).then(|| slot.saved(now));
+                    // Saved first, as the slot's conversation shares nothing with the prompt.
+                    let saved = slot.saved(now);
                     let host = &mut state.warm.host;
                     let (first, first_tokens) = (opening.first, opening.first_tokens);
                     if let Some(sibling) =
-                        host.restores(first, first_tokens, peers, parallel, saved.as_ref())
+                        host.restores(first, first_tokens, peers, parallel, Some(&saved))
                     {
                         host.take(sibling);
                     }
