@@ -429,38 +429,11 @@ impl HostCache {
         None
     }
 
-    /// The saved conversation llama-server restores into a slot for a prompt that opens
-    /// with the first message `first` (a system prompt conversations share; `first_tokens`
-    /// of it) but whose own conversation the cache does not hold
-    /// (`server_prompt_cache::load`): it goes through the cache oldest first and takes a
-    /// prompt only where it shares more of the new one than the best so far, so of those
-    /// sharing just the first message, the oldest it keeps, if the new prompt keeps at
-    /// least a quarter of it. Kept as [`HostCache::place`] judges, after the slot's own
-    /// conversation (`saved_first`) is saved.
-    pub fn restores(
-        &self,
-        first: u64,
-        first_tokens: u64,
-        peers: Option<u64>,
-        slots: usize,
-        saved_first: Option<&HostEntry>,
-    ) -> Option<u64> {
-        if first == 0 {
-            return None;
-        }
-        let capacity = self.capacity_with(peers);
-        let mut needed = saved_first.map_or(0, |e| self.adds(e));
-        let mut oldest = None;
-        for (newer, e) in self.entries.iter().rev().enumerate() {
-            needed += e.tokens;
-            if !self.expects(capacity, needed, newer, slots) {
-                break;
-            }
-            if e.first == first && first_tokens * 4 >= e.tokens {
-                oldest = Some(e.lineage);
-            }
-        }
-        oldest
+    /// The newest saved conversation opening with the first message `first` (a system
+    /// prompt conversations share), where that message is known.
+    pub fn opening(&self, first: u64) -> Option<u64> {
+        let newest = self.entries.iter().rev().find(|e| e.first == first);
+        newest.filter(|_| first != 0).map(|e| e.lineage)
     }
 
     /// Whether corral expects the cache to keep a conversation that needs `needed` tokens
@@ -974,39 +947,6 @@ mod tests {
         assert_eq!(peers.of("m"), Some(1_000));
         peers.record("m", 0, None);
         assert_eq!(peers.of("m"), None);
-    }
-
-    #[test]
-    fn a_prompt_held_nowhere_restores_the_oldest_kept_conversation_opening_alike() {
-        const PROMPT: u64 = 7;
-        let opening_alike = |lineage, tokens| HostEntry {
-            first: PROMPT,
-            ..entry(lineage, tokens)
-        };
-        let mut h = HostCache::default();
-        h.set_capacity(Capacity::Tokens(9_000));
-        h.save(opening_alike(1, 1_000)); // pushed out by those saved after it
-        h.save(opening_alike(2, 1_000));
-        h.save(opening_alike(3, 5_000)); // the prompt keeps less than a quarter of it
-        h.save(opening_alike(4, 1_000));
-        h.save(entry(5, 1_000)); // opens otherwise
-        h.save(opening_alike(6, 1_000));
-        // The system prompt is 1,000 tokens of the new prompt: conversation 2, the oldest
-        // the cache keeps, not the newest (6).
-        let restores = |h: &HostCache, saved_first| h.restores(PROMPT, 1_000, None, 4, saved_first);
-        assert_eq!(restores(&h, None), Some(2));
-        // Saving the slot's conversation first pushes conversation 2 out; 3 is passed over.
-        assert_eq!(restores(&h, Some(&entry(9, 1_000))), Some(4));
-        assert_eq!(
-            h.restores(0, 1_000, None, 4, None),
-            None,
-            "no first message known"
-        );
-        assert_eq!(
-            h.restores(8, 1_000, None, 4, None),
-            None,
-            "none opens alike"
-        );
     }
 
     #[test]

@@ -192,12 +192,10 @@ impl Router {
         let parallel = node.parallel();
         let opening = Opening::of(p);
         let tokens = opening.tokens;
-        let peers = self.peer_capacities.of(&p.model_key);
         let mut unseen = false;
         let mut first_sent_before = false;
         let (index, lineage) = node.books(|books| {
             let policy = SlotPolicy::of(&books.kind, &settings);
-            let keeps_host = books.kind.may_keep_host_cache();
             let state = books.models.entry_ref(p.model_key.as_str()).or_default();
             fit_slots(&mut state.slots, parallel);
             if let Some(&first) = p.chain.hashes.get(1) {
@@ -258,25 +256,6 @@ impl Router {
                     state.slots.len() - 1
                 });
                 unseen = chosen.is_none();
-                // A prompt its slot holds nothing of is given, on llama-server, a
-                // conversation saved opening alike, which leaves the host cache.
-                let slot = &state.slots[index];
-                let restores = restored.is_none()
-                    && !unseen
-                    && keeps_host
-                    && policy == SlotPolicy::MostSimilar
-                    && !opening.opens_like(slot);
-                if restores {
-                    // Saved first, as the slot's conversation shares nothing with the prompt.
-                    let saved = slot.saved(now);
-                    let host = &mut state.warm.host;
-                    let (first, first_tokens) = (opening.first, opening.first_tokens);
-                    if let Some(sibling) =
-                        host.restores(first, first_tokens, peers, parallel, Some(&saved))
-                    {
-                        host.take(sibling);
-                    }
-                }
                 (index, lineage)
             });
             let held = Held {

@@ -87,8 +87,8 @@ impl Router {
                         {
                             Some(place) => Some(Place::Host(place)),
                             // Not lost: it runs, and its turn ends in that slot. The slot the
-                            // request is given restores a conversation saved opening alike, if
-                            // the cache keeps one.
+                            // request is given restores the newest conversation saved opening
+                            // alike, if the cache keeps one.
                             None if running => Some(
                                 offer
                                     .warm_opening(host, &opening, slots, peer_capacity, keeps_host)
@@ -277,8 +277,8 @@ impl<'s> Offer<'s> {
     }
 
     /// Where the opening is warm on the node: in the idle slot that shares it, else in the
-    /// saved conversation opening alike that the slot the request is given restores
-    /// ([`HostCache::restores`]).
+    /// newest conversation saved opening alike that the host cache keeps, which the slot
+    /// the request is given restores.
     fn warm_opening(
         &self,
         host: &HostCache,
@@ -288,10 +288,8 @@ impl<'s> Offer<'s> {
         keeps_host: bool,
     ) -> Option<WarmOpening> {
         self.in_idle_slot(slots).or_else(|| {
-            let saved = self.saved.as_ref();
-            let (first, first_tokens) = (opening.first, opening.first_tokens);
-            let lineage = host.restores(first, first_tokens, peer_capacity, slots, saved)?;
-            let place = host.place(lineage, peer_capacity, slots, saved)?;
+            let lineage = host.opening(opening.first)?;
+            let place = host.place(lineage, peer_capacity, slots, self.saved.as_ref())?;
             (place.warm && keeps_host).then_some(WarmOpening {
                 lineage,
                 in_host: true,

@@ -48,7 +48,7 @@ impl Opening {
         !self.opens_like(slot) || self.first_tokens * 2 < slot.tokens
     }
 
-    pub fn opens_like(&self, slot: &Slot) -> bool {
+    fn opens_like(&self, slot: &Slot) -> bool {
         self.first != 0 && slot.lineage != 0 && slot.first == self.first
     }
 }

@@ -530,49 +530,6 @@ fn a_follow_up_held_nowhere_goes_where_its_system_prompt_is_warm() {
 }
 
 #[test]
-fn a_new_conversation_takes_the_oldest_saved_one_opening_alike_out_of_the_host_cache() {
-    let system = "s".repeat(4_000);
-    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
-    {
-        let node = r.fleet.nodes()[0].clone();
-        let mut books = node.lock_books();
-        let state = books.models.entry_ref(MODEL).or_default();
-        state.warm.host.set_capacity(Capacity::Tokens(1_000_000));
-    }
-    // "a" then "b" open with the system prompt and end up saved in the host cache, a first;
-    // two conversations opening otherwise hold the slots.
-    let (a, b) = (chat_after(&system, &["a"]), chat_after(&system, &["b"]));
-    serve(&r, &a, 0);
-    serve(&r, &chat(&["x"]), 0);
-    serve(&r, &b, 0);
-    serve(&r, &chat(&["y"]), 0);
-    serve(&r, &chat(&["z"]), 0);
-    let in_host = |p: &Profile| {
-        let d = r.decide(p).unwrap();
-        d.pin.map(|pin| (pin.depth > 1, pin.in_host))
-    };
-    let (a_next, b_next) = (
-        chat_after(&system, &["a", "r", "again"]),
-        chat_after(&system, &["b", "r", "again"]),
-    );
-    assert_eq!(in_host(&a_next), Some((true, true)));
-    assert_eq!(in_host(&b_next), Some((true, true)));
-    // A new conversation opening alike takes a slot that holds nothing of it, into which
-    // llama-server restores the oldest saved conversation sharing the prompt: a's, which
-    // leaves the cache. b's stays.
-    serve(&r, &chat_after(&system, &["new"]), 0);
-    // Two more opening otherwise take both slots, so that no idle slot shares the prompt.
-    serve(&r, &chat(&["w"]), 0);
-    serve(&r, &chat(&["v"]), 0);
-    assert_eq!(in_host(&b_next), Some((true, true)), "b's own, restored");
-    assert_eq!(
-        in_host(&a_next).map(|(own, _)| own),
-        Some(false),
-        "only the system prompt"
-    );
-}
-
-#[test]
 fn on_the_old_runner_a_displaced_conversation_is_no_longer_pinned() {
     let r = legacy_router(1, 1, false);
     serve(&r, &chat(&["a"]), 0);
