@@ -123,7 +123,7 @@ impl Picker {
             Policy::HashBySlots => self.hash_by_slots(conversation, candidates),
             Policy::LeastPerSlot => self.least_per_slot(candidates),
             Policy::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
-            Policy::StickyHash => sticky(conversation, n, self.salt),
+            Policy::StickyHash => self.sticky(conversation, n),
             Policy::LeastConnections => self.least_loaded(candidates),
         };
         let node = candidates[i];
@@ -146,6 +146,13 @@ impl Picker {
 impl Picker {
     fn slots_of(&self, node: usize) -> usize {
         self.slots.get(node).copied().unwrap_or(1).max(1)
+    }
+
+    /// A hash of the conversation, salted by the seed, over the `n` candidates.
+    fn sticky(&self, conversation: usize, n: usize) -> usize {
+        let bytes = (conversation as u64).to_le_bytes();
+        let h = twox_hash::XxHash3_64::oneshot_with_seed(self.salt, &bytes);
+        (h % n as u64) as usize
     }
 
     /// Weighted rendezvous hashing: the candidate with the highest `-weight / ln(u)`, u
@@ -178,11 +185,6 @@ impl Picker {
             .min_by(|&a, &b| load(a).total_cmp(&load(b)))
             .unwrap_or(0)
     }
-}
-
-fn sticky(conversation: usize, n: usize, salt: u64) -> usize {
-    let h = twox_hash::XxHash3_64::oneshot_with_seed(salt, &(conversation as u64).to_le_bytes());
-    (h % n as u64) as usize
 }
 
 #[cfg(test)]
