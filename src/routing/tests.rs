@@ -417,6 +417,55 @@ fn a_conversation_another_replica_sends_opening_alike_pushes_ours_out_unsaved() 
 }
 
 #[test]
+fn a_conversation_another_replica_restores_leaves_the_host_cache() {
+    use crate::shared::{Event, Replica};
+    let r = router_with(1, 1, false, NodeKind::LlamaCpp);
+    let long = "x".repeat(8_000);
+    serve(&r, &chat(&[&long]), 0);
+    // "b" takes the only slot: "a" is saved to host memory.
+    serve(&r, &chat(&["b"]), 0);
+    let a_next = chat(&[&long, "r", "more"]);
+    let pin = r.decide(&a_next).unwrap().pin.unwrap();
+    assert!(pin.in_host, "a is warm in host memory");
+    let in_host = |lineage| {
+        let node = &r.fleet.nodes()[0];
+        let books = node.lock_books();
+        books.models[MODEL]
+            .warm
+            .host
+            .place(lineage, None, 1, None)
+            .is_some()
+    };
+    assert!(in_host(pin.lineage));
+    // Another replica sends a's next turn there: the node restores it into the slot, saving
+    // b, and its cache no longer holds a.
+    r.apply(Event::Sent(sent_by_another_replica(&a_next, pin.lineage)));
+    assert!(!in_host(pin.lineage), "a left the host cache for the slot");
+    let slot = r.fleet.nodes()[0].lock_books().models[MODEL].slots[0].lineage;
+    assert_eq!(slot, pin.lineage, "a runs in the slot");
+
+    // Where a's slot still holds it, the node continues it there and loads nothing: the copy
+    // saved while that slot was idle stays in the cache.
+    let r = router_with(1, 2, false, NodeKind::LlamaCpp);
+    serve(&r, &chat(&[&long]), 0);
+    serve(&r, &chat(&["b"]), 0);
+    let pin = r.decide(&a_next).unwrap().pin.unwrap();
+    assert!(!pin.in_host, "a is warm in its slot");
+    let copied = |r: &Arc<Router>| {
+        let nodes = r.fleet.nodes();
+        let books = nodes[0].lock_books();
+        books.models[MODEL]
+            .warm
+            .host
+            .place(pin.lineage, None, 2, None)
+            .is_some()
+    };
+    assert!(copied(&r), "a's idle slot was copied when b began");
+    r.apply(Event::Sent(sent_by_another_replica(&a_next, pin.lineage)));
+    assert!(copied(&r), "the copy stays");
+}
+
+#[test]
 fn on_llama_server_a_system_prompt_in_a_running_conversations_slot_is_not_warm_for_another() {
     let system = "s".repeat(4_000);
     // A follow-up of a conversation corral has not seen (its client came from elsewhere)
