@@ -594,8 +594,7 @@ impl Dispatch {
         let now = Instant::now();
         let moved = self.node.books(|books| {
             let state = books.models.get_mut(&self.model)?;
-            state.slots.get(own).filter(|s| s.busy == 1)?;
-            let freed = first_freed_since(&state.slots, own, self.started)?;
+            let freed = freed_for(state, own, self.started)?;
             state.slots[own] = Slot::default();
             // Its conversation, if the host cache kept it, comes back from there.
             state.warm.host.take(held.lineage);
@@ -617,9 +616,7 @@ impl Dispatch {
         let Some(own) = self.slot else { return };
         let moved = self.node.books(|books| {
             let state = books.models.get_mut(&self.model)?;
-            // Only a slot this request alone holds moves.
-            state.slots.get(own).filter(|s| s.busy == 1)?;
-            let freed = first_freed_since(&state.slots, own, self.started)?;
+            let freed = freed_for(state, own, self.started)?;
             let held = std::mem::take(&mut state.slots[own]);
             state.slots[freed] = Slot {
                 busy: 1,
@@ -667,6 +664,13 @@ impl Dispatch {
         let (ttfb, worked) = self.worked_before_first_byte(stats)?;
         Some(super::parallel::start_delay(ttfb, worked))
     }
+}
+
+/// The slot a request the node queued took: the first to free after it was `sent`. Only a
+/// request alone in its place in the mirror (`own`) moves.
+fn freed_for(state: &ModelState, own: usize, sent: Instant) -> Option<usize> {
+    state.slots.get(own).filter(|s| s.busy == 1)?;
+    first_freed_since(&state.slots, own, sent)
 }
 
 /// What corral expected of a node's cache for one request, to check against the reply.
