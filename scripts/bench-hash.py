@@ -11,7 +11,12 @@ Usage: scripts/bench-hash.py [--bench PATH] [--corral NAME=PATH ...] [--seeds 5]
                              [--kinds ollama,ollama-legacy,llama-cpp,openai] [--loads 1,2]
                              [--workload long-chat] [--cold-start] [--slots-untold] [--time-scale 10]
                              [--equal-nodes] [--cache-ram-tokens N] [--move-cost X]
-                             [--no-cache-idle-slots]
+                             [--no-cache-idle-slots] [--shape "REPLAY ARGS"]
+
+--shape replaces the workload's size with corral-bench replay's own arguments, for a workload
+outside the issue's matrix: e.g. agents' tool-call loops, "--conversations 24 --turns 8
+--think-secs 1 --prompt-tokens 4000 --followup-tokens 300"; with --turns 1 there are no
+follow-ups, and only the mean TTFT, wall time and errors are judged.
 
 --corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
 builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
@@ -24,6 +29,7 @@ seeds can miss a 2-point bound by chance; the paired difference says how sure th
 """
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -53,7 +59,7 @@ def replay(args, kind, live, seed, policy, corral=None):
         cmd = [args.bench, "replay", "--workload", args.workload, "--concurrency", str(live),
                "--node-kind", kind, "--policy", policy, "--seed", str(seed), "--out", out,
                "--no-plots", "--time-scale", str(args.time_scale)]
-        cmd += WORKLOAD_ARGS.get(args.workload, [])
+        cmd += args.shape.split() if args.shape is not None else WORKLOAD_ARGS.get(args.workload, [])
         cmd += ["--slots-untold"] if args.slots_untold else []
         cmd += ["--cold-start"] if args.cold_start else []
         cmd += ["--equal-nodes"] if args.equal_nodes else []
@@ -67,13 +73,18 @@ def replay(args, kind, live, seed, policy, corral=None):
     w = p["follow_up_warm"]
     return {
         "warm": 100.0 * w["cached_tokens"] / max(1, w["prompt_tokens"]),
-        "p50": p["ttft_follow_up_ms"]["p50"],
-        "p90": p["ttft_follow_up_ms"]["p90"],
+        # None where the workload has no follow-ups (one turn each).
+        "p50": none_as_nan(p["ttft_follow_up_ms"]["p50"]),
+        "p90": none_as_nan(p["ttft_follow_up_ms"]["p90"]),
         "mean": p["ttft_mean_ms"],
         "wall": p["elapsed_s"],
         "errors": p["errors"] + p.get("unsent", 0),
         "idle": sum(1 for n in p["turns_per_node"] if n == 0),
     }
+
+
+def none_as_nan(value):
+    return math.nan if value is None else value
 
 
 def main():
@@ -94,6 +105,7 @@ def main():
                     help="llama-server stand-ins do not copy idle slots into their host cache")
     ap.add_argument("--equal-nodes", action="store_true",
                     help="three equal nodes instead of four of different speeds")
+    ap.add_argument("--shape", help="replay arguments that replace the workload's size")
     ap.add_argument("--cache-ram-tokens", type=int,
                     help=f"each node's host prompt cache, in tokens (default {CACHE_RAM_TOKENS})")
     args = ap.parse_args()
@@ -102,7 +114,8 @@ def main():
 
     print(f"workload {args.workload}, cold start {args.cold_start}, slots untold {args.slots_untold}, "
           f"equal nodes {args.equal_nodes}, host cache {args.cache_ram_tokens or CACHE_RAM_TOKENS} tokens"
-          f"{', idle slots not copied' if args.no_cache_idle_slots else ''}, seeds 1-{args.seeds}, time scale {args.time_scale}")
+          f"{', idle slots not copied' if args.no_cache_idle_slots else ''}"
+          f"{f', shape {args.shape}' if args.shape is not None else ''}, seeds 1-{args.seeds}, time scale {args.time_scale}")
     print()
     print("| kind | load | policy | " + " | ".join(m[1] for m in MEASURES) + " |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in MEASURES) + " |")
@@ -141,7 +154,7 @@ def goals(kind, mine, hashed):
             f"(per seed {paired(mine['warm'], hashed['warm'])})"]
     for key in ("p50", "p90", "mean", "wall"):
         ratio = med(mine[key]) / max(1e-9, med(hashed[key]))
-        cols.append(f"{ratio:.2f}x: {verdict(ratio <= 1.1)}")
+        cols.append("no follow-ups" if math.isnan(ratio) else f"{ratio:.2f}x: {verdict(ratio <= 1.1)}")
     cols.append(f"{sum(mine['errors']):.0f}: {verdict(sum(mine['errors']) == 0)}")
     return cols
 
