@@ -436,6 +436,12 @@ pub(super) fn occupy(state: &mut ModelState, index: usize, held: Held, now: Inst
     if state.slots.len() <= index {
         state.slots.resize(index + 1, Slot::default());
     }
+    // A conversation no slot holds comes back from the host cache, which it leaves
+    // (`server_prompt_cache::load`); one a slot holds goes on there, and a copy saved while
+    // that slot was idle stays.
+    if !state.slots.iter().any(|s| s.lineage == held.lineage) {
+        state.warm.host.take(held.lineage);
+    }
     // The conversation the slot held is saved to host memory (llama-server's prompt cache;
     // the old runner's cache, learned empty, keeps nothing), unless the request keeps at
     // least half of it: one opening alike with a long first message.
@@ -595,9 +601,8 @@ impl Dispatch {
         let moved = self.node.books(|books| {
             let state = books.models.get_mut(&self.model)?;
             let freed = freed_for(state, own, self.started)?;
+            // Its conversation, if the host cache kept it, comes back from there (`occupy`).
             state.slots[own] = Slot::default();
-            // Its conversation, if the host cache kept it, comes back from there.
-            state.warm.host.take(held.lineage);
             occupy(state, freed, held, now);
             Some(freed)
         });

@@ -166,11 +166,6 @@ impl Router {
                     tokens: sent.tokens,
                 },
             };
-            // A conversation no slot holds came back from the host cache, which it leaves
-            // (`server_prompt_cache::load`), as for this replica's own (`Router::commit`).
-            if !state.slots.iter().any(|s| s.lineage == sent.lineage) {
-                state.warm.host.take(sent.lineage);
-            }
             occupy(state, sent.slot, held, Instant::now());
             // Its first message, the last prefix remembered (see `Router::commit`), was sent
             // there: a reply there to another conversation opening with it is no cold rate.

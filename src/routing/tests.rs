@@ -427,20 +427,14 @@ fn a_conversation_another_replica_restores_leaves_the_host_cache() {
     let a_next = chat(&[&long, "r", "more"]);
     let pin = r.decide(&a_next).unwrap().pin.unwrap();
     assert!(pin.in_host, "a is warm in host memory");
-    let in_host = |lineage| {
-        let node = &r.fleet.nodes()[0];
-        let books = node.lock_books();
-        books.models[MODEL]
-            .warm
-            .host
-            .place(lineage, None, 1, None)
-            .is_some()
-    };
-    assert!(in_host(pin.lineage));
+    assert!(in_host_cache(&r, pin.lineage));
     // Another replica sends a's next turn there: the node restores it into the slot, saving
     // b, and its cache no longer holds a.
     r.apply(Event::Sent(sent_by_another_replica(&a_next, pin.lineage)));
-    assert!(!in_host(pin.lineage), "a left the host cache for the slot");
+    assert!(
+        !in_host_cache(&r, pin.lineage),
+        "a left the host cache for the slot"
+    );
     let slot = r.fleet.nodes()[0].lock_books().models[MODEL].slots[0].lineage;
     assert_eq!(slot, pin.lineage, "a runs in the slot");
 
@@ -451,18 +445,20 @@ fn a_conversation_another_replica_restores_leaves_the_host_cache() {
     serve(&r, &chat(&["b"]), 0);
     let pin = r.decide(&a_next).unwrap().pin.unwrap();
     assert!(!pin.in_host, "a is warm in its slot");
-    let copied = |r: &Arc<Router>| {
-        let nodes = r.fleet.nodes();
-        let books = nodes[0].lock_books();
-        books.models[MODEL]
-            .warm
-            .host
-            .place(pin.lineage, None, 2, None)
-            .is_some()
-    };
-    assert!(copied(&r), "a's idle slot was copied when b began");
+    assert!(
+        in_host_cache(&r, pin.lineage),
+        "a's idle slot was copied when b began"
+    );
     r.apply(Event::Sent(sent_by_another_replica(&a_next, pin.lineage)));
-    assert!(copied(&r), "the copy stays");
+    assert!(in_host_cache(&r, pin.lineage), "the copy stays");
+}
+
+/// Whether corral's mirror of node n0's host cache holds `lineage`.
+fn in_host_cache(r: &Arc<Router>, lineage: u64) -> bool {
+    let nodes = r.fleet.nodes();
+    let books = nodes[0].lock_books();
+    let host = &books.models[MODEL].warm.host;
+    host.place(lineage, None, 1, None).is_some()
 }
 
 #[test]
@@ -1634,8 +1630,22 @@ fn a_node_slow_to_begin_a_request_is_sent_one_more_which_takes_the_slot_that_fre
     queued.first_byte();
     assert_eq!(follow_up(&more("b")), AffinityResult::Hit);
     assert_eq!(follow_up(&more("c")), AffinityResult::Host);
+    // c's next turn queues behind b: it stays in the host cache until it begins in the slot
+    // b frees, and then leaves it.
+    let c_lineage = r
+        .decide(&more("c"))
+        .unwrap()
+        .pin
+        .expect("in host memory")
+        .lineage;
+    let reserved = r.try_queue(candidate, &more("c"), false).expect("queued");
+    let mut c_queued = sent(&r, reserved, &more("c"));
+    assert!(in_host_cache(&r, c_lineage), "c waits in the node's queue");
     end(queued);
-    // The place the mirror held b in meanwhile, past the node's slots, is gone.
+    c_queued.first_byte();
+    assert!(!in_host_cache(&r, c_lineage), "c began in b's slot");
+    end(c_queued);
+    // The place the mirror held b and c in meanwhile, past the node's slots, is gone.
     serve(&r, &chat(&["d"]), 0);
     assert_eq!(node.lock_books().models[MODEL].slots.len(), 1);
 }
