@@ -148,11 +148,14 @@ impl Picker {
         self.slots.get(node).copied().unwrap_or(1).max(1)
     }
 
+    /// A hash of `bytes`, salted by the seed (see `salt`).
+    fn salted(&self, bytes: &[u8]) -> u64 {
+        twox_hash::XxHash3_64::oneshot_with_seed(self.salt, bytes)
+    }
+
     /// A hash of the conversation, salted by the seed, over the `n` candidates.
     fn sticky(&self, conversation: usize, n: usize) -> usize {
-        let bytes = (conversation as u64).to_le_bytes();
-        let h = twox_hash::XxHash3_64::oneshot_with_seed(self.salt, &bytes);
-        (h % n as u64) as usize
+        (self.salted(&(conversation as u64).to_le_bytes()) % n as u64) as usize
     }
 
     /// Weighted rendezvous hashing: the candidate with the highest `-weight / ln(u)`, u
@@ -161,9 +164,10 @@ impl Picker {
     fn hash_by_slots(&self, conversation: usize, candidates: &[usize]) -> usize {
         let score = |i: usize| {
             let node = candidates[i];
-            let mut bytes = (conversation as u64).to_le_bytes().to_vec();
-            bytes.extend_from_slice(&(node as u64).to_le_bytes());
-            let h = twox_hash::XxHash3_64::oneshot_with_seed(self.salt, &bytes);
+            let mut bytes = [0u8; 16];
+            bytes[..8].copy_from_slice(&(conversation as u64).to_le_bytes());
+            bytes[8..].copy_from_slice(&(node as u64).to_le_bytes());
+            let h = self.salted(&bytes);
             let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
             -(self.slots_of(node) as f64) / u.ln()
         };
