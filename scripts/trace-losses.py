@@ -23,7 +23,7 @@ import sys
 def follow_ups(path):
     """(moved, affinity, prompt tokens, cached tokens) of every follow-up that was answered."""
     with open(path) as f:
-        rows = [r for r in csv.DictReader(f) if r["error"] != "true" and r["error"] != "True"]
+        rows = [r for r in csv.DictReader(f) if r["error"].lower() != "true"]
     node_of = {(int(r["conversation"]), int(r["turn"])): r["node"] for r in rows}
     out = []
     for r in rows:
