@@ -11,12 +11,15 @@ Usage: scripts/bench-hash.py [--bench PATH] [--corral NAME=PATH ...] [--seeds 5]
                              [--kinds ollama,ollama-legacy,llama-cpp,openai] [--loads 1,2]
                              [--workload long-chat] [--cold-start] [--slots-untold] [--time-scale 10]
                              [--equal-nodes] [--cache-ram-tokens N] [--move-cost X]
-                             [--no-cache-idle-slots] [--shape "REPLAY ARGS"]
+                             [--no-cache-idle-slots] [--shape "REPLAY ARGS"] [--json FILE]
 
 --shape replaces the workload's size with corral-bench replay's own arguments, for a workload
 outside the issue's matrix: e.g. agents' tool-call loops, "--conversations 24 --turns 8
 --think-secs 1 --prompt-tokens 4000 --followup-tokens 300"; with --turns 1 there are no
 follow-ups, and only the mean TTFT, wall time and errors are judged.
+
+--json appends one line per cell to FILE: the cell's settings and every policy's per-seed
+figures, for `corral-bench plot-hash`.
 
 --corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
 builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
@@ -106,6 +109,7 @@ def main():
     ap.add_argument("--equal-nodes", action="store_true",
                     help="three equal nodes instead of four of different speeds")
     ap.add_argument("--shape", help="replay arguments that replace the workload's size")
+    ap.add_argument("--json", help="append each cell's per-seed figures to this file, one JSON line a cell")
     ap.add_argument("--cache-ram-tokens", type=int,
                     help=f"each node's host prompt cache, in tokens (default {CACHE_RAM_TOKENS})")
     args = ap.parse_args()
@@ -136,12 +140,29 @@ def main():
                 cols = " | ".join(cell(rows[name][key], fmt) for key, _, fmt, _ in MEASURES)
                 print(f"| {kind} | {load}x | {name} | {cols} |")
             sys.stdout.flush()
+            if args.json:
+                save_cell(args, kind, load, rows)
             verdicts += [(kind, load, name, goals(kind, rows[name], rows[HASH])) for name, _ in builds]
     print()
     print("| kind | load | build | warm share | p50 | p90 | mean TTFT | wall | errors |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind, load, name, cols in verdicts:
         print(f"| {kind} | {load}x | {name} | " + " | ".join(cols) + " |")
+
+
+def save_cell(args, kind, load, rows):
+    """One JSON line: the cell's settings, then each policy's figures seed by seed (NaN as null)."""
+    clean = lambda v: None if isinstance(v, float) and math.isnan(v) else v
+    line = {
+        "workload": args.workload, "kind": kind, "load": load, "slots_untold": args.slots_untold,
+        "cold_start": args.cold_start, "equal_nodes": args.equal_nodes,
+        "cache_ram_tokens": args.cache_ram_tokens or CACHE_RAM_TOKENS, "shape": args.shape,
+        "time_scale": args.time_scale,
+        "policies": {name: {key: [clean(v) for v in values] for key, values in measures.items()}
+                     for name, measures in rows.items()},
+    }
+    with open(args.json, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def goals(kind, mine, hashed):

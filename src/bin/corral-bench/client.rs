@@ -46,9 +46,11 @@ pub struct Reply {
     /// `timings.prompt_n`, else `usage.prompt_tokens` less `cached_tokens`.
     pub prompt_eval_count: Option<u32>,
     pub eval_count: Option<u32>,
-    /// corral's `X-Fleet-Node` and `X-Fleet-Affinity`, when the reply came through corral.
+    /// corral's `X-Fleet-Node` and `X-Fleet-Affinity`, when the reply came through corral,
+    /// and `X-Fleet-Explain` where the request asked for it.
     pub fleet_node: Option<String>,
     pub fleet_affinity: Option<String>,
+    pub fleet_explain: Option<String>,
 }
 
 /// One line of Ollama's NDJSON stream; only the fields the benchmark reads.
@@ -178,6 +180,7 @@ pub async fn chat(
         let mut reply = Reply {
             fleet_node: header("x-fleet-node"),
             fleet_affinity: header("x-fleet-affinity"),
+            fleet_explain: header("x-fleet-explain"),
             ..Default::default()
         };
         let status = resp.status();

@@ -56,6 +56,8 @@ pub struct TurnRecord {
     pub error: Option<String>,
     /// corral's `X-Fleet-Affinity`.
     pub affinity: Option<String>,
+    /// corral's `X-Fleet-Explain`, asked for only when the run is traced.
+    pub explain: Option<String>,
 }
 
 impl TurnRecord {
@@ -166,8 +168,17 @@ pub async fn run(
         spec.concurrency = 1;
     }
     let spec = &spec;
+    // A traced run asks corral why it chose each node (`X-Fleet-Explain`), for the trace.
+    let mut headers = reqwest::header::HeaderMap::new();
+    if std::env::var_os("CORRAL_BENCH_TRACE").is_some() {
+        headers.insert(
+            "x-fleet-explain",
+            reqwest::header::HeaderValue::from_static("1"),
+        );
+    }
     let client = reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(30))
+        .default_headers(headers)
         .build()
         .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
     let ctx = Arc::new(RunCtx {
@@ -301,6 +312,7 @@ async fn send_turn(
         sent: ctx.started.elapsed(),
         error: None,
         affinity: None,
+        explain: None,
     };
     let mut candidates = ctx.fleet.candidates(&c.model);
     if ctx.picker.policy() == Policy::RandomResident {
@@ -335,6 +347,7 @@ async fn send_turn(
                 record.node = ctx.fleet.index_of(name);
             }
             record.affinity = reply.fleet_affinity;
+            record.explain = reply.fleet_explain;
             record.ttft = reply.ttft;
             record.total = reply.total;
             record.prompt_eval_count = reply.prompt_eval_count;

@@ -335,13 +335,13 @@ pub fn trace_csv(run: &Run) -> String {
     records.sort_by_key(|r| r.sent);
     let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
     let mut out = String::from(
-        "sent_ms,conversation,turn,node,affinity,prompt_tokens,cached_tokens,ttft_ms,total_ms,error\n",
+        "sent_ms,conversation,turn,node,affinity,prompt_tokens,cached_tokens,ttft_ms,total_ms,error,explain\n",
     );
     for r in records {
         let node = r.node.and_then(|n| run.node_names.get(n));
         let cached = warmth.cached.get(&(r.conversation, r.turn));
         out += &format!(
-            "{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{}\n",
             ms(r.sent),
             r.conversation,
             r.turn,
@@ -352,6 +352,8 @@ pub fn trace_csv(run: &Run) -> String {
             r.ttft.map_or(String::new(), ms),
             ms(r.total),
             r.error.is_some(),
+            // Spaces and semicolons separate its fields; the fleet's node names hold no comma.
+            r.explain.as_deref().unwrap_or(""),
         );
     }
     out
