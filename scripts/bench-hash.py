@@ -19,7 +19,7 @@ outside the issue's matrix: e.g. agents' tool-call loops, "--conversations 24 --
 follow-ups, and only the mean TTFT, wall time and errors are judged.
 
 --json appends one line per cell to FILE: the cell's settings and every policy's per-seed
-figures, for `corral-bench plot-hash`.
+figures (medians alone hide a seed's loss), for analysis or a plot.
 
 --corral names a corral binary to run in place of the one beside corral-bench (repeat it to set
 builds side by side, e.g. before=/tmp/old/corral after=target/release/corral); each runs in
@@ -54,7 +54,7 @@ MEASURES = [  # (key, column, format, lower is better)
 WORKLOAD_ARGS = {  # the long-chat cell of scripts/bench-kinds.py; the others at their defaults
     "long-chat": ["--conversations", "24", "--turns", "4", "--prompt-tokens", "8000"],
 }
-CACHE_RAM_TOKENS = 40000  # each node's host prompt cache, unless --cache-ram-tokens says
+CACHE_RAM_TOKENS = 40000  # each node's host prompt cache: --cache-ram-tokens's default
 
 
 def replay(args, kind, live, seed, policy, corral=None):
@@ -66,7 +66,7 @@ def replay(args, kind, live, seed, policy, corral=None):
         cmd += ["--slots-untold"] if args.slots_untold else []
         cmd += ["--cold-start"] if args.cold_start else []
         cmd += ["--equal-nodes"] if args.equal_nodes else []
-        cmd += ["--cache-ram-tokens", str(args.cache_ram_tokens or CACHE_RAM_TOKENS)]
+        cmd += ["--cache-ram-tokens", str(args.cache_ram_tokens)]
         cmd += ["--move-cost", str(args.move_cost)] if args.move_cost else []
         cmd += ["--no-cache-idle-slots"] if args.no_cache_idle_slots else []
         cmd += ["--corral", corral] if corral else []
@@ -110,14 +110,14 @@ def main():
                     help="three equal nodes instead of four of different speeds")
     ap.add_argument("--shape", help="replay arguments that replace the workload's size")
     ap.add_argument("--json", help="append each cell's per-seed figures to this file, one JSON line a cell")
-    ap.add_argument("--cache-ram-tokens", type=int,
+    ap.add_argument("--cache-ram-tokens", type=int, default=CACHE_RAM_TOKENS,
                     help=f"each node's host prompt cache, in tokens (default {CACHE_RAM_TOKENS})")
     args = ap.parse_args()
     builds = [tuple(c.split("=", 1)) for c in args.corral] or [("corral", None)]
     names = [name for name, _ in builds] + [HASH]
 
     print(f"workload {args.workload}, cold start {args.cold_start}, slots untold {args.slots_untold}, "
-          f"equal nodes {args.equal_nodes}, host cache {args.cache_ram_tokens or CACHE_RAM_TOKENS} tokens"
+          f"equal nodes {args.equal_nodes}, host cache {args.cache_ram_tokens} tokens"
           f"{', idle slots not copied' if args.no_cache_idle_slots else ''}"
           f"{f', shape {args.shape}' if args.shape is not None else ''}, seeds 1-{args.seeds}, time scale {args.time_scale}")
     print()
@@ -156,7 +156,7 @@ def save_cell(args, kind, load, rows):
     line = {
         "workload": args.workload, "kind": kind, "load": load, "slots_untold": args.slots_untold,
         "cold_start": args.cold_start, "equal_nodes": args.equal_nodes,
-        "cache_ram_tokens": args.cache_ram_tokens or CACHE_RAM_TOKENS, "shape": args.shape,
+        "cache_ram_tokens": args.cache_ram_tokens, "shape": args.shape,
         "time_scale": args.time_scale,
         "policies": {name: {key: [clean(v) for v in values] for key, values in measures.items()}
                      for name, measures in rows.items()},

@@ -47,6 +47,56 @@ fn replay_serves_every_turn_through_every_policy() {
     }
 }
 
+#[test]
+fn a_traced_replay_records_where_each_turn_went_and_why_corral_chose_it() {
+    let out = tempfile::tempdir().expect("a temporary directory");
+    let trace = tempfile::tempdir().expect("a temporary directory");
+    let args = [
+        "--workload",
+        "long-chat",
+        "--policy",
+        "corral",
+        "--policy",
+        "sticky-hash",
+        "--conversations",
+        "2",
+        "--seed",
+        "3",
+        "--no-plots",
+    ];
+    run_replay_with(out.path(), &args, Some(trace.path()));
+    let rows = |policy: &str| {
+        let path = trace.path().join(format!("long-chat-seed3-{policy}.csv"));
+        let text = std::fs::read_to_string(&path).expect("a trace per policy");
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().expect("a header").split(',').collect();
+        let column = |name: &str| header.iter().position(|h| *h == name).expect(name);
+        let (node, explain) = (column("node"), column("explain"));
+        lines
+            .map(|line| {
+                let fields: Vec<&str> = line.split(',').collect();
+                assert_eq!(fields.len(), header.len(), "{line}");
+                (fields[node].to_string(), fields[explain].to_string())
+            })
+            .collect::<Vec<_>>()
+    };
+    let corral = rows("corral");
+    assert_eq!(corral.len() as u64, 2 * TURNS, "every turn traced");
+    for (node, explain) in &corral {
+        // X-Fleet-Explain lists the chosen node first, with its scores.
+        assert!(
+            explain.starts_with(&format!("{node} total=")),
+            "{node}: {explain}"
+        );
+    }
+    let hash = rows("sticky-hash");
+    assert_eq!(hash.len() as u64, 2 * TURNS);
+    assert!(
+        hash.iter()
+            .all(|(node, explain)| !node.is_empty() && explain.is_empty())
+    );
+}
+
 fn check_workload(w: &serde_json::Value) {
     let kind = w["spec"]["kind"].as_str().unwrap_or("?");
     let policies = w["policies"].as_array().expect("a list of policies");
@@ -93,7 +143,7 @@ fn placement_runs_over_seeds_and_corral_counts_what_the_nodes_count() {
         "6",
         "--no-plots",
     ];
-    run_replay_with(out.path(), &args);
+    run_replay_with(out.path(), &args, None);
     let text = std::fs::read_to_string(out.path().join("replay.json")).expect("replay.json");
     let report: serde_json::Value = serde_json::from_str(&text).expect("replay.json is JSON");
     let workloads = report["workloads"].as_array().expect("a list of workloads");
@@ -167,13 +217,18 @@ fn run_replay(out: &Path) {
             "--concurrency",
             "2",
         ],
+        None,
     );
 }
 
-/// Runs `corral-bench replay` with tiny sizes and these arguments, killing it if it
-/// outlives a generous deadline.
-fn run_replay_with(out: &Path, args: &[&str]) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
+/// Runs `corral-bench replay` with tiny sizes and these arguments, tracing every turn into
+/// `trace` where given, killing it if it outlives a generous deadline.
+fn run_replay_with(out: &Path, args: &[&str], trace: Option<&Path>) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_corral-bench"));
+    if let Some(dir) = trace {
+        command.env("CORRAL_BENCH_TRACE", dir);
+    }
+    let mut child = command
         .args(["replay", "--time-scale", "200"])
         .args(["--turns", &TURNS.to_string()])
         .args(["--prompt-tokens", "400"])

@@ -35,6 +35,8 @@ pub struct Env {
     pub replicas: usize,
     /// The store the replicas share (`shared_state.url`); None: each decides alone.
     pub store: Option<String>,
+    /// Ask corral why it chose each node (`X-Fleet-Explain`), for a trace of the run.
+    pub explain: bool,
 }
 
 /// One turn as the client saw it.
@@ -56,7 +58,7 @@ pub struct TurnRecord {
     pub error: Option<String>,
     /// corral's `X-Fleet-Affinity`.
     pub affinity: Option<String>,
-    /// corral's `X-Fleet-Explain`, asked for only when the run is traced.
+    /// corral's `X-Fleet-Explain`, where [`Env::explain`] asked for it.
     pub explain: Option<String>,
 }
 
@@ -168,9 +170,8 @@ pub async fn run(
         spec.concurrency = 1;
     }
     let spec = &spec;
-    // A traced run asks corral why it chose each node (`X-Fleet-Explain`), for the trace.
     let mut headers = reqwest::header::HeaderMap::new();
-    if std::env::var_os("CORRAL_BENCH_TRACE").is_some() {
+    if env.explain {
         headers.insert(
             "x-fleet-explain",
             reqwest::header::HeaderValue::from_static("1"),

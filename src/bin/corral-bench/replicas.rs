@@ -66,6 +66,7 @@ pub async fn run(opts: Options) -> Result<String, String> {
                 move_cost: 0.0,
                 replicas,
                 store: store.as_ref().map(RedisServer::url),
+                explain: false,
             };
             eprintln!(
                 "corral-bench: replicas: seed {seed}, {} ...",

@@ -28,6 +28,7 @@ pub struct Options {
 }
 
 pub async fn run(opts: Options) -> Result<ReplayReport, String> {
+    let trace = std::env::var_os("CORRAL_BENCH_TRACE").map(PathBuf::from);
     let env = Env {
         scale: opts.scale,
         corral_bin: resolve_corral(&opts)?,
@@ -47,6 +48,8 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
         move_cost: opts.move_cost,
         replicas: 1,
         store: None,
+        // A traced run records why corral chose each node.
+        explain: trace.is_some(),
     };
     let mut workloads = Vec::new();
     let seeds: Vec<Option<u64>> = if opts.seeds.is_empty() {
@@ -74,7 +77,9 @@ pub async fn run(opts: Options) -> Result<ReplayReport, String> {
             );
             let run = replay::run(&env, &spec, &conversations, policy).await?;
             let stats = report::stats(&run);
-            write_trace(&run, kind, spec.seed)?;
+            if let Some(dir) = &trace {
+                write_trace(dir, &run, kind, spec.seed)?;
+            }
             eprintln!(
                 "corral-bench:   {} turns in {:.1} s, follow-up warm {:.1}%, follow-up TTFT p50 {:.1} ms p90 {:.1} ms, {} errors, predictions agreeing with the nodes' logs {}/{}",
                 stats.turns,
@@ -133,12 +138,8 @@ fn write_outputs(report: &ReplayReport, opts: &Options) -> Result<(), String> {
 
 /// With `CORRAL_BENCH_TRACE=dir`, every turn of the run goes to
 /// `dir/<workload>-seed<seed>-<policy>.csv` for analysis.
-fn write_trace(run: &replay::Run, kind: WorkloadKind, seed: u64) -> Result<(), String> {
-    let Some(dir) = std::env::var_os("CORRAL_BENCH_TRACE") else {
-        return Ok(());
-    };
-    let dir = PathBuf::from(dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+fn write_trace(dir: &Path, run: &replay::Run, kind: WorkloadKind, seed: u64) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let name = format!("{}-seed{seed}-{}.csv", kind.name(), run.policy.name());
     write(&dir.join(name), report::trace_csv(run).as_bytes())
 }
