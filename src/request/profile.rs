@@ -32,6 +32,10 @@ pub struct Profile {
     /// Estimated tokens of the first message (or system text, or first prompt block): the
     /// part other conversations opening with it share. 0 where not known.
     pub first_tokens: u32,
+    /// Estimated tokens after the model's last reply in a chat's messages: what a node
+    /// still holding the conversation must prefill. The whole prompt where the body
+    /// carries no reply, or is not a list of chat messages.
+    pub new_tokens: u32,
     pub images: u32,
     /// Prefix hashes over message boundaries (chat) or prompt blocks (generate). Empty past
     /// the model for endpoints that keep no cache (embeddings, show).
@@ -106,6 +110,8 @@ impl Profile {
         };
         // The first boundary's text: what conversations opening alike share.
         let mut first_bytes = 0usize;
+        // The text after the last assistant message, and its images; `None` where not known.
+        let mut new_text: Option<(usize, usize)> = None;
         if let Some(system) = leading_system {
             first_bytes = system.len();
             text_bytes += system.len();
@@ -129,6 +135,14 @@ impl Profile {
                 let parts = count(&IMAGE_URL, content) + count(&IMAGE, content);
                 images = images.saturating_add(saturating_u32(message_images + parts));
                 follow_up |= m.role == "assistant";
+                new_text = match (m.role == "assistant", new_text) {
+                    (true, _) => Some((0, 0)),
+                    (false, Some((bytes, pictures))) => Some((
+                        bytes + content.len() + tools.len(),
+                        pictures + message_images + parts,
+                    )),
+                    (false, None) => None,
+                };
                 if endpoint.generates() {
                     let mut parts: Vec<&[u8]> =
                         vec![m.role.as_bytes(), content.as_bytes(), tools.as_bytes()];
@@ -155,6 +169,11 @@ impl Profile {
         let prompt_tokens = saturating_u32(text_bytes.div_ceil(BYTES_PER_TOKEN))
             .saturating_add(images.saturating_mul(TOKENS_PER_IMAGE));
         let first_tokens = saturating_u32(first_bytes.div_ceil(BYTES_PER_TOKEN)).min(prompt_tokens);
+        let new_tokens = new_text.map_or(prompt_tokens, |(bytes, pictures)| {
+            let text = saturating_u32(bytes.div_ceil(BYTES_PER_TOKEN));
+            let images = saturating_u32(pictures).saturating_mul(TOKENS_PER_IMAGE);
+            text.saturating_add(images).min(prompt_tokens)
+        });
         let conversation = chain.hashes.get(1).copied().unwrap_or(chain.last());
         Ok(Profile {
             endpoint,
@@ -164,6 +183,7 @@ impl Profile {
             num_ctx,
             prompt_tokens,
             first_tokens,
+            new_tokens,
             images,
             chain,
             follow_up,
@@ -186,6 +206,7 @@ impl Profile {
             num_ctx: None,
             prompt_tokens: 0,
             first_tokens: 0,
+            new_tokens: 0,
             images: 0,
             chain,
             follow_up: false,
@@ -258,6 +279,7 @@ impl Profile {
             num_ctx: None,
             prompt_tokens: 0,
             first_tokens: 0,
+            new_tokens: 0,
             images: 0,
             chain: PrefixChain::default(),
             follow_up: false,
@@ -369,6 +391,38 @@ mod tests {
             Profile::parse(Endpoint::Chat, b"[1,2]").unwrap_err(),
             ProfileError::Invalid(_)
         ));
+    }
+
+    #[test]
+    fn new_tokens_are_those_after_the_last_reply() {
+        let parse = |messages: serde_json::Value| {
+            let body = serde_json::json!({ "model": "m", "messages": messages });
+            Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+        };
+        let text = |bytes: usize| "x".repeat(bytes);
+        let opening = parse(serde_json::json!([
+            { "role": "system", "content": text(4_000) },
+            { "role": "user", "content": text(400) },
+        ]));
+        assert_eq!(
+            opening.new_tokens, opening.prompt_tokens,
+            "no reply: all of it"
+        );
+        let turn = parse(serde_json::json!([
+            { "role": "user", "content": text(4_000) },
+            { "role": "assistant", "content": text(800) },
+            { "role": "user", "content": text(398) },
+            { "role": "tool", "content": text(398) },
+        ]));
+        // Each content counted with its quotes, as in `prompt_tokens`.
+        assert_eq!(turn.new_tokens, 200);
+        assert!(turn.prompt_tokens > 1_300);
+        let image = parse(serde_json::json!([
+            { "role": "user", "content": text(4_000) },
+            { "role": "assistant", "content": "ok" },
+            { "role": "user", "content": text(398), "images": ["aGk="] },
+        ]));
+        assert_eq!(image.new_tokens, 100 + TOKENS_PER_IMAGE);
     }
 
     #[test]

@@ -146,6 +146,12 @@ pub fn rank<'v>(
         let factor = weights.move_cost;
         keep_warm_if_sooner(&mut ranked, &starts, pin_node, p.prompt_tokens, factor);
     }
+    if let Some(pin_node) = request
+        .pin_node
+        .filter(|_| p.follow_up && p.endpoint.generates())
+    {
+        rehome_if_faster(&mut ranked, &starts, pin_node, p);
+    }
     load_where_sooner(&mut ranked, &starts, p.prompt_tokens, request.warm_node);
     if ranked.is_empty() {
         return Err(match (too_large, request.need) {
@@ -542,6 +548,48 @@ fn keep_warm_if_sooner(
     }
 }
 
+/// A follow-up leaves its warm node, where that has a slot free, for an idle one where its
+/// first token would come in less than half the time ([`stay::moves_to_idle`]): the idle
+/// node is given just the lead it needs (`rehome`). Both nodes' cold prefill rates must be
+/// measured, the idle node weighed as placements by cost weigh nodes ([`weighable`]), with
+/// a slot not held by a live conversation ([`placement::slots_full`]), so that the move
+/// pushes none out of its slot.
+/// Nothing happens where the request's new part is not known (it carries no earlier reply).
+fn rehome_if_faster(ranked: &mut [Ranked], starts: &[Start], warm_node: u16, p: &Profile) {
+    if p.new_tokens >= p.prompt_tokens {
+        return;
+    }
+    let Some(warm) = ranked.iter().position(|c| c.node.id == warm_node) else {
+        return;
+    };
+    // Only where its warm node has a slot free: under load, whether to wait for it or move
+    // is the queue's and the session affinity's to weigh (moving there cost warm turns).
+    let start = &starts[warm];
+    if !start.free() {
+        return;
+    }
+    let stay_s = start
+        .cold_tps
+        .and_then(|tps| stay::prefill_s(p.new_tokens, tps));
+    let Some(stay_s) = stay_s.filter(|_| !ranked[warm].standby) else {
+        return;
+    };
+    let weighed = weighable(ranked);
+    let idle = |i: usize| {
+        i != warm && weighed(&ranked[i]) && starts[i].depth == 0 && !ranked[i].node.model.full
+    };
+    let costs = (0..ranked.len()).filter(|&i| idle(i)).filter_map(|i| {
+        let tps = starts[i].cold_tps?;
+        Some((i, stay::prefill_s(p.prompt_tokens, tps)?))
+    });
+    if let Some(pick) = cheapest(
+        ranked,
+        costs.filter(|&(_, s)| stay::moves_to_idle(stay_s, s)),
+    ) {
+        lead_by(ranked, pick, |s| &mut s.rehome);
+    }
+}
+
 /// How much a node's speed history still counts: half after a minute without a new
 /// measurement. A slow node that lost all its traffic is thus tried again in time, rather
 /// than being judged for ever on old figures.
@@ -851,6 +899,68 @@ mod tests {
         };
         let ranked = rank(&p, warm_on_fast, &[fast, idle], &w).unwrap();
         assert_eq!(names(&ranked), ["fast", "idle"]);
+    }
+
+    #[test]
+    fn a_follow_up_leaves_its_slow_warm_node_for_an_idle_one_where_it_starts_much_sooner() {
+        let w = Weights::default();
+        let r = request(None, Some(0));
+        let now = r.now;
+        // About 1,000 prompt tokens, 250 of them after the last reply.
+        let turn = |history: usize| {
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [
+                    { "role": "user", "content": "x".repeat(history) },
+                    { "role": "assistant", "content": "ok" },
+                    { "role": "user", "content": "y".repeat(998) },
+                ],
+            });
+            Profile::parse(Endpoint::Chat, body.to_string().as_bytes()).unwrap()
+        };
+        let p = turn(3_000);
+        assert_eq!(p.new_tokens, 250);
+        let slow = measured(0, "slow", 400.0, 1, 5.0, now);
+        let fast = measured(1, "fast", 4_000.0, 0, 5.0, now);
+        let ranked = rank(&p, r, &[slow.clone(), fast.clone()], &w).unwrap();
+        assert_eq!(names(&ranked), ["fast", "slow"]);
+        assert!(ranked[0].scores.rehome > 0.0, "in its own field");
+        assert!(
+            ranked[1].scores.session_affinity > 0.0,
+            "warm on the slow one"
+        );
+
+        let stays = |views: &[NodeView], p: &Profile| {
+            let ranked = rank(p, r, views, &w).unwrap();
+            ranked[0].node.name() == "slow" && ranked.iter().all(|c| c.scores.rehome == 0.0)
+        };
+        // Not where the idle node's slots all hold live conversations, nor where it runs
+        // a request, nor where its speed is not measured.
+        let mut full = fast.clone();
+        full.model.full = true;
+        assert!(stays(&[slow.clone(), full], &p));
+        let mut busy = fast.clone();
+        busy.model.in_flight = 1;
+        assert!(stays(&[slow.clone(), busy], &p));
+        // Nor where its warm node's slots are all taken: under load the queue and the
+        // session affinity weigh waiting against moving (here they keep it).
+        let mut slow_full = slow.clone();
+        slow_full.model.in_flight = 4;
+        assert!(stays(&[slow_full, fast.clone()], &p));
+        let mut unmeasured = fast.clone();
+        unmeasured.model.cold_tps = None;
+        assert!(stays(&[slow.clone(), unmeasured], &p));
+        // Not for a node only 2.5 times faster (its 1,000 tokens in 1 s against the slow
+        // node's 250 new ones in 0.625 s), nor for a long history: at 4,000 a second,
+        // 8,000 tokens take longer than the slow node's 250.
+        assert!(stays(
+            &[slow.clone(), measured(1, "fast", 1_000.0, 0, 5.0, now)],
+            &p
+        ));
+        assert!(stays(&[slow.clone(), fast.clone()], &turn(31_000)));
+        // Nor for a request without an earlier reply: it has no warm node to leave.
+        let ranked = rank(&chat("m"), request(None, None), &[slow, fast], &w).unwrap();
+        assert!(ranked.iter().all(|c| c.scores.rehome == 0.0));
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct Scores {
     /// A follow-up leads on its busy warm node where it starts there no later than a move
     /// (`weights.move_cost`).
     pub stay: f64,
+    /// A follow-up leads on an idle node where its turns cost less than half what they cost
+    /// on the slower node holding it warm.
+    pub rehome: f64,
     /// A node leads that loads the model where the request would otherwise wait longer.
     pub sooner: f64,
 }
@@ -49,6 +52,7 @@ impl Scores {
             spread: f(self.spread),
             restart: f(self.restart),
             stay: f(self.stay),
+            rehome: f(self.rehome),
             sooner: f(self.sooner),
         }
     }
@@ -66,12 +70,13 @@ impl Scores {
     }
 
     /// The adjustments after the signals, by name, in the order they are applied.
-    pub fn adjustments(&self) -> [(&'static str, f64); 5] {
+    pub fn adjustments(&self) -> [(&'static str, f64); 6] {
         [
             ("second_home", self.second_home),
             ("spread", self.spread),
             ("restart", self.restart),
             ("stay", self.stay),
+            ("rehome", self.rehome),
             ("sooner", self.sooner),
         ]
     }

@@ -16,10 +16,31 @@ pub fn expected_wait(depth: u32, parallel: usize, service_s: f64) -> f64 {
     super::signals::queue(depth, parallel) * service_s
 }
 
+/// Seconds to prefill `tokens` not cached at a node of `cold_tps` prompt tokens a second.
+pub fn prefill_s(tokens: u32, cold_tps: f64) -> Option<f64> {
+    (cold_tps > 0.0).then(|| f64::from(tokens) / cold_tps)
+}
+
+/// A follow-up leaves the node that holds it warm, with a slot free, for an idle one only
+/// where its first token would come there in less than `1 / MOVE_MARGIN` of the time: the
+/// whole prompt prefilled cold there (`move_s`), against the part after the last reply on
+/// its warm node (`stay_s`). A fleet's first conversations go where nothing is measured
+/// yet, so some start on its slowest node, and there, held warm, they would stay for good
+/// while a node many times faster idles. The turns after the move are not counted: they
+/// would run warm on the faster node, so leaving them out only makes moves rarer, and a
+/// move never delays the turn that makes it. The margin keeps nodes of about one speed
+/// from trading conversations on noise, and pays for the warm copy left behind.
+pub fn moves_to_idle(stay_s: f64, move_s: f64) -> bool {
+    move_s * MOVE_MARGIN < stay_s
+}
+
+/// See [`moves_to_idle`].
+const MOVE_MARGIN: f64 = 2.0;
+
 /// Seconds a move would cost: the uncached prompt at the other node's cold prefill rate,
 /// `factor` times (2: itself, and once more in what its copy displaces there).
 pub fn move_cost(prompt_tokens: u32, cold_tps: f64, factor: f64) -> Option<f64> {
-    (cold_tps > 0.0).then(|| factor * f64::from(prompt_tokens) / cold_tps)
+    prefill_s(prompt_tokens, cold_tps).map(|s| factor * s)
 }
 
 /// The follow-up stays on its warm node unless it would start there later than a move,
@@ -129,6 +150,23 @@ mod tests {
         // A short prompt moves sooner: 200 tokens cost 0.4 s.
         assert!(!stays(2.0, 0.0, move_cost(200, 1_000.0, 2.0).unwrap()));
         assert_eq!(move_cost(100, 0.0, 2.0), None);
+    }
+
+    #[test]
+    fn a_follow_up_leaves_a_slow_warm_node_only_where_its_first_token_comes_much_sooner() {
+        // 900 tokens, 250 of them new since the last reply. Warm on a node of 400 a second
+        // its first token takes 0.625 s; idle at 4,000 all 900 take 0.225 s.
+        let slow = prefill_s(250, 400.0).unwrap();
+        let fast = prefill_s(900, 4_000.0).unwrap();
+        assert_eq!((slow, fast), (0.625, 0.225));
+        assert!(moves_to_idle(slow, fast));
+        // At 2,000 a second (0.45 s) the move is sooner but not twice as soon: it stays.
+        assert!(!moves_to_idle(slow, prefill_s(900, 2_000.0).unwrap()));
+        // Warm on a node of 1,000 a second (0.25 s), twice 0.225 s is not less.
+        assert!(!moves_to_idle(prefill_s(250, 1_000.0).unwrap(), fast));
+        // A long history stays where it is warm: 8,000 tokens take 2 s on the fast node.
+        assert!(!moves_to_idle(slow, prefill_s(8_000, 4_000.0).unwrap()));
+        assert_eq!(prefill_s(1_000, 0.0), None);
     }
 
     #[test]
