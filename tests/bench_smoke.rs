@@ -263,3 +263,68 @@ fn run_replay_with(out: &Path, args: &[&str], trace: Option<&Path>) {
         }
     }
 }
+
+#[test]
+fn plot_hash_charts_a_build_against_the_hash_from_bench_hash_figures() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let json = dir.path().join("cells.json");
+    // Two cells as scripts/bench-hash.py --json writes them; a seed without follow-ups has
+    // nulls. The old runner's cell misses its warm bound by 6 points.
+    let cell = |kind: &str, load: u32, mine: [f64; 3], hashed: [f64; 3]| {
+        let figures = |[warm, p50, wall]: [f64; 3]| {
+            serde_json::json!({
+                "warm": [warm, warm + 2.0, null], "p50": [p50, p50 * 3.0, null],
+                "p90": [p50, p50, p50], "mean": [p50, p50, p50], "wall": [wall, wall, wall],
+                "errors": [0, 0, 0], "idle": [0, 0, 0],
+            })
+        };
+        serde_json::json!({
+            "workload": "long-chat", "kind": kind, "load": load, "slots_untold": false,
+            "policies": { "now": figures(mine), "sticky-hash": figures(hashed) },
+        })
+    };
+    let lines = [
+        cell("ollama", 1, [80.0, 10.0, 2.0], [70.0, 20.0, 4.0]),
+        cell("ollama-legacy", 2, [10.0, 30.0, 3.0], [16.0, 10.0, 3.0]),
+    ];
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&json, text.join("\n") + "\n").expect("write the figures");
+    let prefix = dir.path().join("told");
+    let plot = |build: &str| {
+        Command::new(env!("CARGO_BIN_EXE_corral-bench"))
+            .args(["plot-hash", "--build", build, "--json"])
+            .arg(&json)
+            .arg("--out")
+            .arg(&prefix)
+            .output()
+            .expect("corral-bench runs")
+    };
+    let out = plot("now");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Medians against medians (p50: 20 against 40 ms), the whisker seed by seed.
+    assert!(
+        stdout.contains("| Ollama 1x | 0.50x [0.50-0.50] | 0.50x [0.50-0.50] | 0.50x [0.50-0.50] | 0.50x [0.50-0.50] | +10.0 [+10.0 to +10.0] |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| old runner 2x | 3.00x [3.00-3.00] | 3.00x [3.00-3.00] | 3.00x [3.00-3.00] | 1.00x [1.00-1.00] | -6.0 [-6.0 to -6.0] |"),
+        "{stdout}"
+    );
+    for chart in ["told-time.png", "told-warm.png"] {
+        let bytes = std::fs::read(dir.path().join(chart)).expect("the chart is written");
+        assert!(bytes.starts_with(b"\x89PNG"), "{chart} is a PNG");
+    }
+    // A build the figures do not hold is an error that names the builds they do.
+    let out = plot("main");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no figures for main (it has now, sticky-hash)"),
+        "{stderr}"
+    );
+}

@@ -8,6 +8,8 @@
 //!   state through Redis, with each conversation's turns alternating between them.
 //! - `replay` runs multi-turn workloads against a simulated fleet through corral and four
 //!   baseline policies in one run, and reports warm shares, TTFT, model churn and throughput.
+//! - `plot-hash` charts one corral build against the client-side hash from
+//!   scripts/bench-hash.py's per-seed figures.
 //! - `backend`, `bare-pingora`, `make-body`, `stream-probe`, `free-port` and
 //!   `overhead-report` are the parts scripts/bench-overhead.sh uses to compare corral with a
 //!   bare Pingora pass-through, nginx and a direct connection.
@@ -19,6 +21,7 @@ mod embed;
 mod fairness;
 mod fleet;
 mod handoff;
+mod hash_plot;
 mod overhead;
 mod plot;
 mod policy;
@@ -176,6 +179,25 @@ enum Command {
     },
     /// Print a free loopback port.
     FreePort,
+    /// Chart one corral build against the client-side hash, cell by cell, from
+    /// `scripts/bench-hash.py --json`'s figures: `<out>-time.png` and `<out>-warm.png`.
+    PlotHash {
+        /// The file `bench-hash.py --json` wrote (one cell a line).
+        #[arg(long)]
+        json: PathBuf,
+        /// The build to chart, as bench-hash.py named it (`--corral NAME=...`).
+        #[arg(long, default_value = "corral")]
+        build: String,
+        /// The charts' title, before what each shows.
+        #[arg(long, default_value = "corral against the hash")]
+        title: String,
+        /// The build's name on the charts (default: `--build`).
+        #[arg(long)]
+        label: Option<String>,
+        /// Path and name the charts' files start with.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Turn the overhead script's CSV into tables, ratios, goals and a chart.
     OverheadReport {
         #[arg(long)]
@@ -411,6 +433,17 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::FreePort => {
             println!("{}", fleet::free_port()?);
+            Ok(())
+        }
+        Command::PlotHash {
+            json,
+            build,
+            title,
+            label,
+            out,
+        } => {
+            let label = label.as_deref().unwrap_or(&build);
+            print!("{}", hash_plot::run(&json, &build, label, &title, &out)?);
             Ok(())
         }
         Command::OverheadReport { csv, plot } => {

@@ -281,6 +281,8 @@ fn draw(rows: &[Row], path: &Path) -> Result<(), String> {
         series,
         log_y: false,
         annotate: true,
+        whiskers: Vec::new(),
+        bounds: Vec::new(),
     }
     .draw(path)
 }

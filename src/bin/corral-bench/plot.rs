@@ -48,6 +48,12 @@ pub struct Bars<'a> {
     pub log_y: bool,
     /// Draw each bar's value above it.
     pub annotate: bool,
+    /// Per series, per group: a whisker from the first value to the second (the spread of
+    /// the runs the bar sums up). Empty: none.
+    pub whiskers: Vec<Vec<(f64, f64)>>,
+    /// Per group: a dashed line across it at this value (a goal's bound; NaN: none).
+    /// Empty: none.
+    pub bounds: Vec<f64>,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -58,7 +64,9 @@ impl Bars<'_> {
     pub fn draw(&self, path: &Path) -> Result<(), String> {
         register_font();
         let values = self.series.iter().flat_map(|(_, v)| v.iter().copied());
-        let finite: Vec<f64> = values.filter(|v| v.is_finite()).collect();
+        let ends = self.whiskers.iter().flatten().flat_map(|&(a, b)| [a, b]);
+        let all = values.chain(ends).chain(self.bounds.iter().copied());
+        let finite: Vec<f64> = all.filter(|v| v.is_finite()).collect();
         let max = finite.iter().copied().fold(0.0_f64, f64::max);
         if self.log_y {
             let min = finite
@@ -71,7 +79,10 @@ impl Bars<'_> {
             let range = (lo..(max * 8.0).max(lo * 10.0)).log_scale();
             self.draw_with(path, range, lo)
         } else {
-            self.draw_with(path, 0.0..(max * 1.35).max(1e-9), 0.0)
+            // Bars below zero hang from it; the headroom is for the legend.
+            let min = finite.iter().copied().fold(0.0_f64, f64::min);
+            let span = (max - min).max(1e-9);
+            self.draw_with(path, (min - span * 0.05)..(max + span * 0.45), 0.0)
         }
     }
 
@@ -104,6 +115,8 @@ impl Bars<'_> {
             .axis_desc_style((FONT, 16))
             .draw()
             .map_err(err)?;
+        // A log axis has no zero: its bars stand on `floor`; a linear one's hang below zero.
+        let top = |v: f64| if self.log_y { v.max(floor) } else { v };
         let width = 0.8 / self.series.len().max(1) as f64;
         for (s, (name, values)) in self.series.iter().enumerate() {
             let color = PALETTE[s % PALETTE.len()];
@@ -111,7 +124,7 @@ impl Bars<'_> {
             let left = |g: usize| g as f64 - 0.4 + s as f64 * width;
             let rects = bars.clone().map(|(g, &v)| {
                 Rectangle::new(
-                    [(left(g), floor), (left(g) + width * 0.92, v.max(floor))],
+                    [(left(g), floor), (left(g) + width * 0.92, top(v))],
                     color.filled(),
                 )
             });
@@ -122,13 +135,34 @@ impl Bars<'_> {
                 .legend(move |(x, y)| {
                     Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
                 });
+            if let Some(whiskers) = self.whiskers.get(s) {
+                let mid = |g: usize| left(g) + width * 0.46;
+                let lines = whiskers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (a, b))| a.is_finite() && b.is_finite());
+                let lines = lines.map(|(g, &(a, b))| {
+                    PathElement::new([(mid(g), top(a)), (mid(g), top(b))], BLACK)
+                });
+                chart.draw_series(lines).map_err(err)?;
+            }
             if self.annotate {
                 // Anchored at the bar's top-left corner, lifted above it.
                 let texts = bars.map(|(g, &v)| {
-                    EmptyElement::at((left(g), v.max(floor)))
+                    EmptyElement::at((left(g), top(v).max(floor)))
                         + Text::new(short(v), (0, -15), (FONT, 12).into_font())
                 });
                 chart.draw_series(texts).map_err(err)?;
+            }
+        }
+        // Over the bars, so that a bar crossing its bound does not hide it.
+        for (g, &bound) in self.bounds.iter().enumerate() {
+            if bound.is_finite() {
+                let line = [(g as f64 - 0.45, bound), (g as f64 + 0.45, bound)];
+                let style = BLACK.mix(0.7).stroke_width(2);
+                chart
+                    .draw_series(DashedLineSeries::new(line, 6, 4, style))
+                    .map_err(err)?;
             }
         }
         chart

@@ -176,6 +176,8 @@ fn charts(report: &ReplayReport, dir: &Path) -> Result<(), String> {
         series: per_policy(&|s| s.follow_up_warm.share() * 100.0),
         log_y: false,
         annotate: true,
+        whiskers: Vec::new(),
+        bounds: Vec::new(),
     }
     .draw(&dir.join("replay-warm-share.png"))?;
     Bars {
@@ -185,6 +187,8 @@ fn charts(report: &ReplayReport, dir: &Path) -> Result<(), String> {
         series: per_policy(&|s| s.ttft_follow_up_ms.p50),
         log_y: true,
         annotate: true,
+        whiskers: Vec::new(),
+        bounds: Vec::new(),
     }
     .draw(&dir.join("replay-ttft-follow-up.png"))?;
     if let Some(w) = workload(report, WorkloadKind::LongChat) {
@@ -226,6 +230,8 @@ fn charts(report: &ReplayReport, dir: &Path) -> Result<(), String> {
             ],
             log_y: false,
             annotate: true,
+            whiskers: Vec::new(),
+            bounds: Vec::new(),
         }
         .draw(&dir.join("replay-model-mix-churn.png"))?;
     }
