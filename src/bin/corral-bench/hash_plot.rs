@@ -133,7 +133,7 @@ pub fn run(
     let [time_png, warm_png] = charts(out);
     Bars {
         title: &format!(
-            "{title}: {build}'s times as multiples of the hash's (bound {TIME_BOUND}x)"
+            "{title}: {label}'s times as multiples of the hash's (bound {TIME_BOUND}x)"
         ),
         y_label: "corral / hash (median; whisker: per seed)",
         groups: groups.clone(),
