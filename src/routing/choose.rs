@@ -565,13 +565,10 @@ fn rehome_if_faster(ranked: &mut [Ranked], starts: &[Start], warm_node: u16, p: 
     // Only where its warm node has a slot free: under load, whether to wait for it or move
     // is the queue's and the session affinity's to weigh (moving there cost warm turns).
     let start = &starts[warm];
-    if !start.free() {
+    if !start.free() || ranked[warm].standby {
         return;
     }
-    let stay_s = start
-        .cold_tps
-        .and_then(|tps| stay::prefill_s(p.new_tokens, tps));
-    let Some(stay_s) = stay_s.filter(|_| !ranked[warm].standby) else {
+    let Some(stay_s) = (start.cold_tps).and_then(|tps| stay::prefill_s(p.new_tokens, tps)) else {
         return;
     };
     let weighed = weighable(ranked);

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::plot::Bars;
+use crate::report::median;
 
 /// The baseline's name in bench-hash.py's figures.
 const HASH: &str = "sticky-hash";
@@ -49,7 +50,7 @@ impl Figures {
 }
 
 /// Where the charts go: `<out>-time.png` and `<out>-warm.png`.
-pub fn charts(out: &Path) -> [PathBuf; 2] {
+fn charts(out: &Path) -> [PathBuf; 2] {
     let with = |suffix: &str| {
         let mut name = out.as_os_str().to_owned();
         name.push(suffix);
@@ -115,13 +116,13 @@ pub fn run(
         let (mine, hashed) = (&cell.policies[build], &cell.policies[HASH]);
         let mut row = format!("| {group} |");
         for (t, (a, b)) in mine.times().into_iter().zip(hashed.times()).enumerate() {
-            let bar = ratio(median(a), median(b));
-            let spread = range(paired(a, b, |x, y| ratio(Some(x), Some(y))));
+            let bar = ratio(known_median(a), known_median(b));
+            let spread = range(paired(a, b, ratio));
             time_series[t].1.push(bar);
             time_whiskers[t].push(spread);
             row += &format!(" {} |", ratio_text(bar, spread));
         }
-        let bar = diff(median(&mine.warm), median(&hashed.warm));
+        let bar = known_median(&mine.warm) - known_median(&hashed.warm);
         let spread = range(paired(&mine.warm, &hashed.warm, |x, y| x - y));
         warm.push(bar);
         warm_whiskers.push(spread);
@@ -181,15 +182,9 @@ fn cell_name(kind: &str, load: u32) -> String {
     format!("{kind} {load}x")
 }
 
-fn median(values: &[Option<f64>]) -> Option<f64> {
-    let mut known: Vec<f64> = values.iter().flatten().copied().collect();
-    known.sort_by(f64::total_cmp);
-    let n = known.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(known[n / 2]),
-        _ => Some((known[n / 2 - 1] + known[n / 2]) / 2.0),
-    }
+/// The median of the seeds that have a figure; NaN where none has.
+fn known_median(values: &[Option<f64>]) -> f64 {
+    median(values.iter().flatten().copied().collect())
 }
 
 /// `f` of each seed's pair, where both have a figure.
@@ -198,15 +193,9 @@ fn paired(a: &[Option<f64>], b: &[Option<f64>], f: impl Fn(f64, f64) -> f64) -> 
     pairs.filter(|v| v.is_finite()).collect()
 }
 
-fn ratio(a: Option<f64>, b: Option<f64>) -> f64 {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => a / b,
-        _ => f64::NAN,
-    }
-}
-
-fn diff(a: Option<f64>, b: Option<f64>) -> f64 {
-    a.zip(b).map_or(f64::NAN, |(a, b)| a - b)
+/// `a` over `b`; NaN where `b` is not a positive figure.
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { f64::NAN }
 }
 
 /// The least and the greatest, NaN where there is none.
@@ -239,12 +228,13 @@ mod tests {
         let build = [Some(10.0), Some(30.0), None, Some(20.0)];
         let hash = [Some(20.0), Some(20.0), Some(5.0), Some(20.0)];
         // The verdict compares medians: 20 against 20.
-        assert_eq!(ratio(median(&build), median(&hash)), 1.0);
+        assert_eq!(ratio(known_median(&build), known_median(&hash)), 1.0);
         // Seed by seed: 0.5, 1.5 and 1.0; the seed without a figure is left out.
-        let spread = range(paired(&build, &hash, |x, y| x / y));
+        let spread = range(paired(&build, &hash, ratio));
         assert_eq!(spread, (0.5, 1.5));
-        assert_eq!(median(&[None, None]), None);
-        assert!(ratio(None, Some(1.0)).is_nan());
+        assert!(known_median(&[None, None]).is_nan());
+        assert!(ratio(known_median(&[None]), 1.0).is_nan());
+        assert!(ratio(1.0, 0.0).is_nan());
         assert!(range(Vec::new()).0.is_nan());
     }
 }

@@ -13,6 +13,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use crate::plot::Bars;
+use crate::report::median;
 
 #[derive(Clone, Debug)]
 struct Row {
@@ -78,16 +79,6 @@ struct Summary {
     p99: f64,
     errors: u64,
     rounds: usize,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn summary(

@@ -182,6 +182,17 @@ pub fn stats(run: &Run) -> PolicyStats {
     }
 }
 
+/// The middle value (the mean of the two middle ones of an even count); NaN of nothing.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn mean(values: &[f64]) -> f64 {
     if values.is_empty() {
         return 0.0;
